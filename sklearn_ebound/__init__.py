@@ -4,6 +4,9 @@ The numpy/scipy path (moments, operators, spectra, static estimators) imports wi
 the torch estimators in :mod:`sklearn_ebound.nn` are loaded on first use.
 """
 
+from ._deficiency import excess_risk_curve
+from ._intrinsic_rank import IntrinsicRankEstimator
+from ._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV, rank_path_scores
 from ._spectrum import (
     energy_rank,
     entropy_rank,
@@ -28,6 +31,11 @@ def __getattr__(name):
 
 
 __all__ = [
+    "IntrinsicRankEstimator",
+    "ReducedRankRegressor",
+    "ReducedRankRegressorCV",
+    "rank_path_scores",
+    "excess_risk_curve",
     "energy_rank",
     "entropy_rank",
     "optimal_hard_threshold",

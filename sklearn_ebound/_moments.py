@@ -1,0 +1,98 @@
+"""Second moments of (X, Y), accumulated chunk by chunk.
+
+Every static estimator reads the data only through ``n``, the means and the centred
+cross-products ``Cxx = X_c^T X_c``, ``Cxy = X_c^T Y_c``, ``Cyy = Y_c^T Y_c``. They add up over
+chunks (Chan, Golub & LeVeque's pairwise update), so one accumulator serves ``fit``, chunked
+files and distributed reductions alike, with memory independent of the number of samples.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Moments"]
+
+# Rows per chunk are chosen so that one centred chunk stays near this many float64 values.
+_CHUNK_VALUES = 1 << 22
+
+
+@dataclass
+class Moments:
+    """Count, means and centred cross-products of inputs ``X`` and targets ``Y``.
+
+    With ``center=False`` the means stay zero and the products are raw (no intercept).
+    """
+
+    n: int
+    mean_x: np.ndarray
+    mean_y: np.ndarray
+    xx: np.ndarray
+    xy: np.ndarray
+    yy: np.ndarray
+    center: bool = True
+
+    @classmethod
+    def empty(cls, n_features, n_targets, center=True):
+        return cls(
+            0,
+            np.zeros(n_features),
+            np.zeros(n_targets),
+            np.zeros((n_features, n_features)),
+            np.zeros((n_features, n_targets)),
+            np.zeros((n_targets, n_targets)),
+            center,
+        )
+
+    @classmethod
+    def from_arrays(cls, X, Y, center=True):
+        """Moments of 2-D arrays ``X`` (N, p) and ``Y`` (N, q), read in chunks."""
+        moments = cls.empty(X.shape[1], Y.shape[1], center)
+        step = max(1, _CHUNK_VALUES // (X.shape[1] + Y.shape[1]))
+        for start in range(0, X.shape[0], step):
+            moments.update(X[start : start + step], Y[start : start + step])
+        return moments
+
+    def update(self, X, Y):
+        """Add the rows of one chunk; returns ``self``."""
+        X = np.asarray(X, dtype=np.float64)
+        Y = np.asarray(Y, dtype=np.float64)
+        n_b = X.shape[0]
+        if n_b == 0:
+            return self
+        if self.center:
+            mean_xb, mean_yb = X.mean(axis=0), Y.mean(axis=0)
+            X, Y = X - mean_xb, Y - mean_yb
+        else:
+            mean_xb, mean_yb = np.zeros(X.shape[1]), np.zeros(Y.shape[1])
+        # `X.T @ X` is recognised as a symmetric rank-k update (half the work of a GEMM).
+        other = Moments(n_b, mean_xb, mean_yb, X.T @ X, X.T @ Y, Y.T @ Y, self.center)
+        return self.merge(other)
+
+    def merge(self, other):
+        """Combine with the moments of disjoint data, in place; returns ``self``."""
+        n_a, n_b = self.n, other.n
+        n = n_a + n_b
+        if n_b == 0:
+            return self
+        if self.center and n_a > 0:
+            # Centred products of the union add a between-group term n_a n_b / n * d d^T.
+            dx = other.mean_x - self.mean_x
+            dy = other.mean_y - self.mean_y
+            w = n_a * n_b / n
+            self.xx += other.xx + w * np.outer(dx, dx)
+            self.xy += other.xy + w * np.outer(dx, dy)
+            self.yy += other.yy + w * np.outer(dy, dy)
+            self.mean_x = self.mean_x + dx * (n_b / n)
+            self.mean_y = self.mean_y + dy * (n_b / n)
+        else:
+            self.xx += other.xx
+            self.xy += other.xy
+            self.yy += other.yy
+            self.mean_x, self.mean_y = other.mean_x.copy(), other.mean_y.copy()
+        self.n = n
+        return self
+
+    @property
+    def dof(self):
+        """Degrees of freedom left after the means: ``n - 1`` when centred, else ``n``."""
+        return self.n - 1 if self.center else self.n

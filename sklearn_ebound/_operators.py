@@ -1,0 +1,148 @@
+"""Operators solved from moments: least squares, reduced rank, noise-whitened spectra.
+
+Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments.Moments`,
+``B`` the least-squares (or ridge) operator with ``Y ~ X B``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["StaticOperator", "solve_static", "canonical_correlations", "null_edge_canonical"]
+
+# Eigenvalues of a correlation-scaled Gram below this fraction of the largest are taken as
+# exact collinearity (a Gram's rounding error is about eps * its largest eigenvalue).
+_GRAM_RTOL = 1e-10
+
+
+def _whitening_basis(gram):
+    """Return ``W`` (p x k) with ``W^T gram W = I_k`` over the numerically non-null eigenspace.
+
+    The Gram is scaled to a correlation matrix first, so that features of wildly different
+    scales keep their full relative precision; constant features are dropped.
+    """
+    scale = np.sqrt(np.clip(np.diag(gram), 0, None))
+    keep = scale > 0
+    inv_scale = np.zeros_like(scale)
+    inv_scale[keep] = 1.0 / scale[keep]
+    corr = gram * np.outer(inv_scale, inv_scale)
+    evals, evecs = np.linalg.eigh(corr)
+    top = evals[-1] if evals.size else 0.0
+    nonnull = evals > _GRAM_RTOL * top if top > 0 else np.zeros_like(evals, dtype=bool)
+    # gram = D corr D, corr = Q L Q^T  =>  W = D^{-1} Q L^{-1/2} whitens gram.
+    return (inv_scale[:, None] * evecs[:, nonnull]) / np.sqrt(evals[nonnull])
+
+
+@dataclass
+class StaticOperator:
+    """The least-squares operator of a static task and its rank-``r`` reduction path.
+
+    Attributes
+    ----------
+    coef : ndarray of shape (p, q)
+        Least-squares (``alpha=0``, minimum norm) or ridge operator ``B``.
+    output_directions : ndarray of shape (q, q)
+        Right singular vectors of the fitted values, by decreasing singular value: the rank-``r``
+        model is ``B V_r V_r^T`` (reduced-rank regression; with ridge, Mukherjee & Zhu 2011).
+    fitted_singular_values : ndarray of shape (q,)
+        Singular values of the (centred) fitted values ``X_c B``.
+    input_rank : int
+        Numerical rank of the centred inputs.
+    residual : ndarray of shape (q, q)
+        Residual cross-products ``(Y_c - X_c B)^T (Y_c - X_c B)``.
+    residual_dof : int
+        Residual degrees of freedom ``n - 1 - input_rank`` (``n - input_rank`` uncentred).
+    """
+
+    coef: np.ndarray
+    output_directions: np.ndarray
+    fitted_singular_values: np.ndarray
+    input_rank: int
+    residual: np.ndarray
+    residual_dof: int
+
+    def reduced_coef(self, rank):
+        """``B V_r V_r^T``: the best rank-``rank`` operator on the training data."""
+        V = self.output_directions[:, :rank]
+        return (self.coef @ V) @ V.T
+
+
+def solve_static(moments, alpha=0.0):
+    """Solve moments for the static operator and its reduced-rank path."""
+    W = _whitening_basis(moments.xx)
+    input_rank = W.shape[1]
+    if alpha > 0:
+        coef = np.linalg.solve(moments.xx + alpha * np.eye(moments.xx.shape[0]), moments.xy)
+    else:
+        # B = Cxx^+ Cxy = W W^T Cxy (minimum-norm least squares).
+        coef = W @ (W.T @ moments.xy)
+    # Fitted Gram: (X_c B)^T (X_c B) = B^T Cxy without ridge; B^T (Cxx + alpha I) B = B^T Cxy
+    # is the augmented-data form of reduced-rank ridge regression.
+    fitted_gram = coef.T @ moments.xy
+    fitted_gram = (fitted_gram + fitted_gram.T) / 2
+    evals, evecs = np.linalg.eigh(fitted_gram)
+    order = np.argsort(evals)[::-1]
+    evals, evecs = np.clip(evals[order], 0, None), evecs[:, order]
+    # Deterministic signs: the largest entry of each direction is positive.
+    signs = np.sign(evecs[np.argmax(np.abs(evecs), axis=0), np.arange(evecs.shape[1])])
+    evecs *= np.where(signs == 0, 1, signs)
+    # Residual cross-products of the least-squares fit: Cyy - Cxy^T Cxx^+ Cxy.
+    projected = W.T @ moments.xy
+    residual = moments.yy - projected.T @ projected
+    residual = (residual + residual.T) / 2
+    return StaticOperator(
+        coef=coef,
+        output_directions=evecs,
+        fitted_singular_values=np.sqrt(evals),
+        input_rank=input_rank,
+        residual=residual,
+        residual_dof=moments.dof - input_rank,
+    )
+
+
+def canonical_correlations(moments):
+    """Canonical correlations between ``X`` and ``Y``, largest first.
+
+    They are the singular values of ``Wx^T Cxy Wy`` with ``Wx, Wy`` whitening the two sets,
+    and do not change under any invertible linear map of the inputs or of the outputs. Their
+    squares are the eigenvalues of ``(H + E)^{-1} H`` with ``H`` the fitted and ``E`` the
+    residual cross-products: the noise-whitened spectrum of the operator.
+    """
+    Wx = _whitening_basis(moments.xx)
+    Wy = _whitening_basis(moments.yy)
+    if Wx.shape[1] == 0 or Wy.shape[1] == 0:
+        return np.zeros(0), Wx.shape[1], Wy.shape[1]
+    rho = np.linalg.svd(Wx.T @ moments.xy @ Wy, compute_uv=False)
+    return np.clip(rho, 0.0, 1.0), Wx.shape[1], Wy.shape[1]
+
+
+# 99.9% quantile of the Tracy-Widom law for real matrices (beta = 1).
+_TW1_Q999 = 3.2724
+
+
+def null_edge_canonical(n_inputs, n_outputs, dof):
+    """Largest squared canonical correlation expected from pure noise (99.9% level).
+
+    Under independence of ``X`` (rank ``n_inputs``) and ``Y`` (rank ``n_outputs``) with ``dof``
+    degrees of freedom, the squared canonical correlations follow a Jacobi (double Wishart)
+    ensemble. Johnstone (2008) shows that ``logit(theta_1)`` is approximately
+    ``mu + sigma * TW1``; the threshold is that approximation's 99.9% quantile. Returns ``None``
+    when the residual degrees of freedom cannot estimate the noise (``dof <= n_inputs +
+    n_outputs``, where every canonical correlation is forced towards 1).
+    """
+    p = n_outputs
+    n_h = n_inputs
+    m = dof - n_inputs  # error degrees of freedom
+    if m <= p or n_h < 1 or p < 1:
+        return None
+    total = m + n_h - 1
+    # Johnstone (2008), Theorem 1: angles from the dimensions, then centring and scaling of
+    # the logit of the largest root.
+    gamma = 2 * np.arcsin(np.sqrt((min(p, n_h) - 0.5) / total))
+    phi = 2 * np.arcsin(np.sqrt((max(p, n_h) - 0.5) / total))
+    if gamma + phi >= np.pi:
+        return None
+    mu = 2 * np.log(np.tan((phi + gamma) / 2))
+    sigma = (16 / total**2 / (np.sin(phi + gamma) ** 2 * np.sin(phi) * np.sin(gamma))) ** (1 / 3)
+    logit = mu + _TW1_Q999 * sigma
+    return 1 / (1 + np.exp(-logit))

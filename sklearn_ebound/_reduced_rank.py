@@ -1,0 +1,328 @@
+"""Reduced-rank regression: the achievability model of the static Entropic Bound.
+
+The best rank-``r`` linear model of ``Y`` given ``X`` projects the least-squares fit onto the
+top ``r`` right singular vectors of the fitted values (Izenman 1975; with a ridge, Mukherjee &
+Zhu 2011): ``B_r = B V_r V_r^T``. One decomposition gives every rank, which is what
+:class:`ReducedRankRegressorCV` uses to score a whole rank path per fold.
+"""
+
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import BaseEstimator, MultiOutputMixin, RegressorMixin, _fit_context
+from sklearn.metrics import check_scoring
+from sklearn.model_selection import check_cv
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ._moments import Moments
+from ._operators import solve_static
+
+__all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
+
+
+def _check_rank_bound(rank, n_features, n_targets, name="rank"):
+    bound = min(n_features, n_targets)
+    if rank > bound:
+        raise ValueError(
+            f"`{name}` upper bound is {bound} (min(n_features, n_targets)). Got {rank} instead. "
+            f"Reduce `{name}`."
+        )
+
+
+class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
+    """Shared fitted state and prediction of the reduced-rank regressors."""
+
+    def _set_operator(self, moments, operator, rank):
+        coef = operator.reduced_coef(rank)  # p x q, Y ~ X coef
+        self.rank_ = int(rank)
+        self.coef_ = coef.T if self._y_2d else coef[:, 0]
+        intercept = moments.mean_y - moments.mean_x @ coef
+        self.intercept_ = intercept if self._y_2d else float(intercept[0])
+        self.singular_values_ = operator.fitted_singular_values / np.sqrt(max(moments.n, 1))
+        return self
+
+    def predict(self, X):
+        """Predict with the rank-``rank_`` operator.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        Y : ndarray of shape (n_samples, n_targets) or (n_samples,)
+        """
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False)
+        return X @ self.coef_.T + self.intercept_
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.single_output = True
+        tags.target_tags.multi_output = True
+        return tags
+
+
+def _validate_xy(estimator, X, y):
+    X, y = validate_data(
+        estimator, X, y, multi_output=True, y_numeric=True, ensure_min_samples=2, dtype=np.float64
+    )
+    estimator._y_2d = y.ndim == 2
+    return X, (y if y.ndim == 2 else y[:, None])
+
+
+class ReducedRankRegressor(_ReducedRankBase):
+    """Reduced-rank (ridge) regression: the best linear model of rank at most ``rank``.
+
+    It solves ``min ||Y - X B||_F^2 + alpha ||B||_F^2`` subject to ``rank(B) <= rank`` in closed
+    form. With ``alpha=0`` its population excess risk at rank ``r`` is the tail energy
+    ``T(r) = sum_{k>r} s_k^2`` of ``Sigma_X^{1/2} B`` (the Entropic Bound's deficiency), and
+    zero from the intrinsic rank on (achievability).
+
+    Parameters
+    ----------
+    rank : int or None, default=None
+        Maximum rank of the operator, in ``[0, min(n_features, n_targets)]``. ``None`` means no
+        constraint (least squares or ridge). Rank 0 predicts the mean.
+    alpha : float, default=0.0
+        Ridge penalty (Mukherjee & Zhu's reduced-rank ridge regression).
+    fit_intercept : bool, default=True
+        Centre ``X`` and ``Y`` and fit an intercept.
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_targets, n_features) or (n_features,)
+        The rank-constrained operator, in scikit-learn's orientation (``B^T``).
+    intercept_ : ndarray of shape (n_targets,) or float
+    rank_ : int
+        The rank used.
+    singular_values_ : ndarray of shape (n_targets,)
+        Singular values of the unconstrained fitted values divided by ``sqrt(n_samples)``, the
+        sample estimate of the spectrum of ``Sigma_X^{1/2} B``.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` has string feature names.
+
+    See Also
+    --------
+    ReducedRankRegressorCV : Selects the rank by cross-validation over the rank path.
+    IntrinsicRankEstimator : Reads the intrinsic rank from data before any fit of a model.
+
+    References
+    ----------
+    Izenman, "Reduced-rank regression for the multivariate linear model", J. Multivariate
+    Anal., 1975. Mukherjee & Zhu, "Reduced rank ridge regression and its kernel extensions",
+    Stat. Anal. Data Min., 2011.
+
+    Examples
+    --------
+    >>> from sklearn_ebound import ReducedRankRegressor
+    >>> from sklearn_ebound.datasets import make_static_task
+    >>> X, Y = make_static_task(500, 8, rank=2, noise=0.01, random_state=0)
+    >>> model = ReducedRankRegressor(rank=2).fit(X, Y)
+    >>> round(model.score(X, Y), 3)
+    1.0
+    """
+
+    _parameter_constraints = {
+        "rank": [Interval(Integral, 0, None, closed="left"), None],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "fit_intercept": ["boolean"],
+    }
+
+    def __init__(self, rank=None, *, alpha=0.0, fit_intercept=True):
+        self.rank = rank
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y):
+        """Fit the rank-constrained operator.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples, n_targets) or (n_samples,)
+
+        Returns
+        -------
+        self : object
+        """
+        X, Y = _validate_xy(self, X, y)
+        rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
+        _check_rank_bound(rank, X.shape[1], Y.shape[1])
+        moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
+        return self._set_operator(moments, solve_static(moments, self.alpha), rank)
+
+
+_PATH_SCORINGS = ("r2", "neg_mean_squared_error")
+
+
+def _path_squared_errors(operator, moments, X_test, Y_test):
+    """Per-output squared test error of every rank 0..q from one decomposition.
+
+    Returns ``sse`` of shape (q + 1, q): ``sse[r, j]`` for the rank-``r`` model, output ``j``.
+    With ``C = (X - mean_x) B V`` and ``D = Y - mean_y`` the rank-``r`` residual of output ``j``
+    is ``d_j - sum_{k<r} V[j, k] c_k``, whose square expands through ``H = D^T C`` and
+    ``G = C^T C`` into cumulative sums over ``k``.
+    """
+    V = operator.output_directions
+    C = (X_test - moments.mean_x) @ (operator.coef @ V)
+    D = Y_test - moments.mean_y
+    H = D.T @ C
+    G = C.T @ C
+    cross = np.cumsum(V * H, axis=1)
+    # quad[j, r] = sum_{k, l <= r} V[j,k] V[j,l] G[k,l]; its increment at step t is
+    # 2 V[j,t] sum_{l<t} V[j,l] G[l,t] + V[j,t]^2 G[t,t].
+    A = V @ np.triu(G, k=1)
+    quad = np.cumsum(2 * V * A + V**2 * np.diag(G), axis=1)
+    base = np.einsum("ij,ij->j", D, D)
+    sse = np.vstack([base, base - 2 * cross.T + quad.T])
+    return np.clip(sse, 0, None)
+
+
+def _r2_from_sse(sse, Y_test):
+    """``r2_score(..., multioutput="uniform_average")`` for each row of ``sse``."""
+    sst = ((Y_test - Y_test.mean(axis=0)) ** 2).sum(axis=0)
+    nonconstant = sst > 0
+    r2 = np.where(nonconstant, 1 - sse / np.where(nonconstant, sst, 1), 0.0)
+    # scikit-learn's convention for constant targets: perfect predictions score 1, others 0.
+    r2 = np.where(~nonconstant & (sse == 0), 1.0, r2)
+    return r2.mean(axis=1)
+
+
+def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True):
+    """Cross-validated score of every rank, one decomposition per fold.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    Y : ndarray of shape (n_samples, n_targets)
+    ranks : sequence of int
+        Ranks to score, each in ``[0, min(n_features, n_targets)]``.
+    cv : int, cross-validation generator or iterable, default=5
+        As in :func:`sklearn.model_selection.check_cv`.
+    scoring : str, callable or None, default=None
+        ``None`` or ``"r2"`` (the regressor's ``score``) and ``"neg_mean_squared_error"`` are
+        computed in closed form from the path; any other scorer is called on the rank-``r``
+        model built from the same decomposition.
+    alpha, fit_intercept : see :class:`ReducedRankRegressor`.
+
+    Returns
+    -------
+    scores : ndarray of shape (n_splits, len(ranks))
+    """
+    ranks = np.asarray(ranks, dtype=int)
+    splits = list(check_cv(cv).split(X, Y))
+    scores = np.empty((len(splits), len(ranks)))
+    scorer = None
+    if scoring is not None and not (isinstance(scoring, str) and scoring in _PATH_SCORINGS):
+        scorer = check_scoring(ReducedRankRegressor(), scoring=scoring)
+    for i, (train, test) in enumerate(splits):
+        moments = Moments.from_arrays(X[train], Y[train], center=fit_intercept)
+        operator = solve_static(moments, alpha)
+        if scorer is not None:
+            for j, rank in enumerate(ranks):
+                model = ReducedRankRegressor(rank=rank, alpha=alpha, fit_intercept=fit_intercept)
+                model.n_features_in_, model._y_2d = X.shape[1], True
+                model._set_operator(moments, operator, rank)
+                scores[i, j] = scorer(model, X[test], Y[test])
+            continue
+        sse = _path_squared_errors(operator, moments, X[test], Y[test])[ranks]
+        if scoring == "neg_mean_squared_error":
+            scores[i] = -sse.sum(axis=1) / Y[test].size
+        else:
+            scores[i] = _r2_from_sse(sse, Y[test])
+    return scores
+
+
+class ReducedRankRegressorCV(_ReducedRankBase):
+    """Reduced-rank regression with the rank chosen by K-fold cross-validation.
+
+    In the manner of :class:`~sklearn.linear_model.RidgeCV`: each fold is decomposed once and
+    every candidate rank is scored from that decomposition, instead of one refit per rank. The
+    scores equal those of ``GridSearchCV(ReducedRankRegressor(), {"rank": ranks})`` on the same
+    splits; the rank with the best mean score is refitted on all the data.
+
+    Parameters
+    ----------
+    ranks : array-like of int, default=None
+        Candidate ranks; ``None`` means ``0, 1, ..., min(n_features, n_targets)``.
+    cv : int, cross-validation generator or iterable, default=5
+        Splitting strategy, as in :func:`sklearn.model_selection.check_cv`.
+    scoring : str, callable or None, default=None
+        ``None`` uses R^2 (the estimator's ``score``); see :func:`rank_path_scores`.
+    alpha : float, default=0.0
+        Ridge penalty.
+    fit_intercept : bool, default=True
+
+    Attributes
+    ----------
+    rank_ : int
+        The selected rank.
+    best_score_ : float
+        Mean cross-validated score of ``rank_``.
+    cv_results_ : dict of ndarray
+        ``"rank"``, ``"mean_test_score"``, ``"std_test_score"`` and ``"split{k}_test_score"``.
+    coef_, intercept_, singular_values_ : see :class:`ReducedRankRegressor`.
+    n_features_in_ : int
+
+    Examples
+    --------
+    >>> from sklearn_ebound import ReducedRankRegressorCV
+    >>> from sklearn_ebound.datasets import make_static_task
+    >>> X, Y = make_static_task(600, 10, rank=3, noise=0.1, random_state=0)
+    >>> ReducedRankRegressorCV().fit(X, Y).rank_
+    3
+    """
+
+    _parameter_constraints = {
+        "ranks": ["array-like", None],
+        "cv": ["cv_object"],
+        "scoring": [str, callable, None],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "fit_intercept": ["boolean"],
+    }
+
+    def __init__(self, ranks=None, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True):
+        self.ranks = ranks
+        self.cv = cv
+        self.scoring = scoring
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y):
+        """Score the rank path on each fold, then refit the best rank on all the data.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples, n_targets) or (n_samples,)
+
+        Returns
+        -------
+        self : object
+        """
+        X, Y = _validate_xy(self, X, y)
+        bound = min(X.shape[1], Y.shape[1])
+        ranks = np.arange(bound + 1) if self.ranks is None else np.asarray(self.ranks)
+        if ranks.ndim != 1 or ranks.size == 0 or ranks.dtype.kind not in "iu":
+            raise ValueError(f"`ranks` must be a non-empty 1-D sequence of integers. Got {self.ranks!r}.")
+        if ranks.min() < 0:
+            raise ValueError(f"`ranks` must be non-negative. Got {self.ranks!r}.")
+        _check_rank_bound(int(ranks.max()), X.shape[1], Y.shape[1], name="ranks")
+        scores = rank_path_scores(
+            X, Y, ranks, cv=self.cv, scoring=self.scoring, alpha=self.alpha,
+            fit_intercept=self.fit_intercept,
+        )
+        mean = scores.mean(axis=0)
+        best = int(np.argmax(mean))
+        self.cv_results_ = {"rank": ranks.copy(), "mean_test_score": mean,
+                            "std_test_score": scores.std(axis=0)}
+        for k, split in enumerate(scores):
+            self.cv_results_[f"split{k}_test_score"] = split
+        self.best_score_ = float(mean[best])
+        moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
+        return self._set_operator(moments, solve_static(moments, self.alpha), int(ranks[best]))

@@ -1,0 +1,332 @@
+"""Planted-rank sequence tasks: attention and static token mixing.
+
+A data set is a 3-D array ``X`` of shape ``(n_samples, n_tokens, n_features)`` with targets
+``Y`` of shape ``(n_samples, n_tokens, n_targets)``. The generators plant the rank of the
+operator that mixes the tokens:
+
+* :func:`make_attention_task` -- the query-key kernel ``W = W_Q W_K^T`` of linear or softmax
+  attention has rank ``r*_att`` (rungs 3 and 4 of the interpolation ladder);
+* :func:`make_static_mixing_task` -- a fixed mixing matrix ``M`` (rung 0), or a fixed logit
+  matrix ``L`` mixed through a softmax (rung 2), has rank ``r*``.
+"""
+
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import softmax
+from sklearn.utils import Bunch, check_random_state, check_scalar
+
+from ._static import planted_singular_values, random_orthonormal
+
+__all__ = ["make_attention_task", "make_static_mixing_task"]
+
+_VALUE_MAPS = ("identity", "random", "low_rank")
+
+
+def _check_kind(kind):
+    if kind not in ("linear", "softmax"):
+        raise ValueError(f"`kind` must be 'linear' or 'softmax'. Got {kind!r} instead.")
+
+
+def _check_sizes(n_samples, n_tokens, n_features):
+    check_scalar(n_samples, "n_samples", Integral, min_val=1)
+    check_scalar(n_tokens, "n_tokens", Integral, min_val=1)
+    check_scalar(n_features, "n_features", Integral, min_val=1)
+
+
+def _value_map(value, n_features, n_targets, hidden, rng):
+    """Value map ``V`` of shape ``(n_targets, n_features)`` and the resolved ``n_targets``.
+
+    ``hidden`` is a unit vector of the input space that ``value='low_rank'`` annihilates.
+    """
+    if isinstance(value, str):
+        if value not in _VALUE_MAPS:
+            raise ValueError(
+                f"`value` must be one of {_VALUE_MAPS} or an array of shape (n_targets, "
+                f"n_features). Got {value!r} instead."
+            )
+        n_targets = n_features if n_targets is None else n_targets
+        check_scalar(n_targets, "n_targets", Integral, min_val=1)
+        if value == "identity":
+            if n_targets != n_features:
+                raise ValueError(
+                    f"`value='identity'` needs `n_targets` == `n_features` = {n_features}. "
+                    f"Got n_targets={n_targets} instead."
+                )
+            return np.eye(n_features), n_targets
+        # A random partial isometry: all min(n_targets, n_features) singular values are 1.
+        m = min(n_targets, n_features)
+        V = random_orthonormal(n_targets, m, rng) @ random_orthonormal(n_features, m, rng).T
+        if value == "low_rank":
+            # V <- V (I - h h^T): the kernel direction h is invisible through the value map.
+            V = V - np.outer(V @ hidden, hidden)
+        return V, n_targets
+    V = np.asarray(value, dtype=np.float64)
+    if V.ndim != 2 or V.shape[1] != n_features or not np.all(np.isfinite(V)):
+        raise ValueError(
+            f"`value` as an array must be a finite matrix of shape (n_targets, n_features="
+            f"{n_features}). Got shape {V.shape} instead."
+        )
+    if n_targets is not None and n_targets != V.shape[0]:
+        raise ValueError(
+            f"`n_targets`={n_targets} disagrees with the {V.shape[0]} rows of `value`."
+        )
+    return V, V.shape[0]
+
+
+def make_attention_task(
+    kind="linear",
+    n_samples=1000,
+    n_tokens=16,
+    n_features=8,
+    n_targets=None,
+    *,
+    rank=2,
+    logit_scale=1.0,
+    value="identity",
+    singular_values=None,
+    decay=1.0,
+    noise=0.1,
+    random_state=None,
+    return_params=False,
+):
+    """Generate sequences mixed by one attention layer with a planted query-key rank.
+
+    With standard normal tokens ``X_s`` (``n_tokens x n_features``), each target sequence is
+
+    * linear attention: ``Y_s = (1/n) (X_s W X_s^T) X_s V^T + E_s``;
+    * softmax attention: ``Y_s = softmax(beta * X_s W X_s^T / sqrt(d)) X_s V^T + E_s``, the
+      softmax taken along each row, ``beta = logit_scale`` and ``d = n_features``;
+
+    with the query-key kernel ``W = W_Q W_K^T`` of rank ``r*_att = rank``: ``W_Q = U S^{1/2}``,
+    ``W_K = R S^{1/2}`` with Haar-random orthonormal ``U, R`` (``d x r``) and ``S`` the planted
+    singular values, so that ``W = U S R^T``. ``E_s`` holds i.i.d. ``N(0, noise^2)`` entries.
+
+    Parameters
+    ----------
+    kind : {"linear", "softmax"}, default="linear"
+        The attention class.
+    n_samples : int, default=1000
+        Number of sequences ``N``.
+    n_tokens : int, default=16
+        Tokens per sequence ``n``.
+    n_features : int, default=8
+        Channels per token ``d``.
+    n_targets : int, default=None
+        Output channels ``d_out``; ``None`` means ``d_out = d`` (or the rows of an array
+        ``value``).
+    rank : int, default=2
+        The planted rank ``r*_att`` of ``W``, ``0 <= rank <= n_features``.
+    logit_scale : float, default=1.0
+        ``beta``, the inverse temperature of softmax attention; ignored for linear attention.
+        The logits ``beta x_i^T W x_j / sqrt(d)`` have root-mean-square ``beta ||s||_2 /
+        sqrt(d)``.
+    value : {"identity", "random", "low_rank"} or array-like of shape (n_targets, n_features), \
+            default="identity"
+        The value map ``V``: the identity (needs ``d_out = d``); a random partial isometry
+        (all singular values 1); the same with the weakest key direction ``R[:, -1]``
+        annihilated (``V <- V (I - r r^T)``, the kernel--value identifiability case; only the
+        input dependence of the weights still carries that direction); or a given matrix.
+    singular_values : array-like of shape (rank,), default=None
+        Singular values of ``W``. ``None`` uses ``decay**k``, ``k = 0..rank-1``.
+    decay : float, default=1.0
+        Geometric decay of the default singular values, in ``(0, 1]``.
+    noise : float, default=0.1
+        Standard deviation of each noise entry.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the draw.
+    return_params : bool, default=False
+        Also return a :class:`~sklearn.utils.Bunch` with the ground truth.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_tokens, n_features)
+    Y : ndarray of shape (n_samples, n_tokens, n_targets)
+    params : Bunch, only when ``return_params=True``
+        ``W_Q``, ``W_K`` (``d x r``), ``W`` (``d x d``), ``V`` (``d_out x d``),
+        ``singular_values`` (of ``W``, length ``d``), ``rank``, ``kind``, ``logit_scale``,
+        ``noise``, and ``noise_floor = noise^2 * d_out``: the population risk of the true
+        model per token, ``E ||y_i - f(X)_i||^2`` summed over the output channels (the mean
+        squared error over all entries times ``d_out``).
+
+    See Also
+    --------
+    make_static_mixing_task : the static rungs 0-2 of the interpolation ladder.
+
+    Examples
+    --------
+    >>> from sklearn_ebound.datasets import make_attention_task
+    >>> X, Y, params = make_attention_task(
+    ...     "softmax", 200, 12, 6, rank=2, random_state=0, return_params=True)
+    >>> X.shape, Y.shape, params.rank, params.W.shape
+    ((200, 12, 6), (200, 12, 6), 2, (6, 6))
+    """
+    _check_kind(kind)
+    _check_sizes(n_samples, n_tokens, n_features)
+    check_scalar(rank, "rank", Integral, min_val=0, max_val=n_features)
+    check_scalar(logit_scale, "logit_scale", Real, min_val=0)
+    check_scalar(noise, "noise", Real, min_val=0)
+    rng = check_random_state(random_state)
+
+    s = planted_singular_values(rank, singular_values, decay) if rank else np.zeros(0)
+    U = random_orthonormal(n_features, rank, rng)
+    R = random_orthonormal(n_features, rank, rng)
+    W_Q, W_K = U * np.sqrt(s), R * np.sqrt(s)
+    W = W_Q @ W_K.T
+    # The weakest key direction (or any direction when rank = 0) is the one 'low_rank' hides.
+    hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
+    V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
+
+    X = rng.standard_normal((n_samples, n_tokens, n_features))
+    # logits[s, i, j] = x_i^T W x_j
+    logits = X @ W @ X.transpose(0, 2, 1)
+    if kind == "linear":
+        mixing = logits / n_tokens
+    else:
+        mixing = softmax(logit_scale * logits / np.sqrt(n_features), axis=-1)
+    Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
+    if not return_params:
+        return X, Y
+    full_s = np.zeros(n_features)
+    full_s[:rank] = s
+    params = Bunch(
+        W_Q=W_Q,
+        W_K=W_K,
+        W=W,
+        V=V,
+        singular_values=full_s,
+        rank=rank,
+        kind=kind,
+        logit_scale=logit_scale,
+        noise=noise,
+        noise_floor=noise**2 * n_targets,
+    )
+    return X, Y, params
+
+
+def make_static_mixing_task(
+    kind="linear",
+    n_samples=1000,
+    n_tokens=16,
+    n_features=8,
+    n_targets=None,
+    *,
+    rank=2,
+    logit_scale=1.0,
+    value="identity",
+    singular_values=None,
+    decay=1.0,
+    noise=0.1,
+    random_state=None,
+    return_params=False,
+):
+    """Generate sequences mixed by a fixed token-mixing matrix with a planted rank.
+
+    With standard normal tokens ``X_s`` (``n_tokens x n_features``), each target sequence is
+    ``Y_s = A X_s V^T + E_s`` with the same mixing matrix ``A`` (``n x n``) for every sequence:
+
+    * ``kind="linear"`` (ladder rungs 0 and 1): ``A = M = U S R^T`` of rank ``r* = rank``, its
+      singular values ``S`` as planted;
+    * ``kind="softmax"`` (rung 2): ``A = softmax(beta * L)`` row-wise, with the logit matrix
+      ``L = c U S R^T`` of rank ``r*``; ``c = n / ||s||_2`` normalises the logits to unit
+      root-mean-square entry (``||L||_F = n``), so ``beta = logit_scale`` is the logit size.
+      ``A`` itself has full rank; the rank lives in ``L``, and row-centring ``log A`` gives
+      ``beta L (I - 1 1^T / n)``, of rank ``r*`` again.
+
+    Parameters
+    ----------
+    kind : {"linear", "softmax"}, default="linear"
+        Linear mixing by ``M`` or softmax mixing of the logits ``L``.
+    n_samples : int, default=1000
+        Number of sequences ``N``.
+    n_tokens : int, default=16
+        Tokens per sequence ``n``.
+    n_features : int, default=8
+        Channels per token ``d``.
+    n_targets : int, default=None
+        Output channels ``d_out``; ``None`` means ``d_out = d`` (or the rows of an array
+        ``value``).
+    rank : int, default=2
+        The planted rank ``r*``, ``0 <= rank <= n_tokens`` (``rank >= 1`` for softmax).
+    logit_scale : float, default=1.0
+        ``beta`` of the softmax mixing; ignored when ``kind="linear"``.
+    value : {"identity", "random", "low_rank"} or array-like of shape (n_targets, n_features), \
+            default="identity"
+        The value map ``V``, as in :func:`make_attention_task` (``"low_rank"`` annihilates a
+        random input direction).
+    singular_values : array-like of shape (rank,), default=None
+        Singular values ``S`` before the logit normalisation. ``None`` uses ``decay**k``.
+    decay : float, default=1.0
+        Geometric decay of the default singular values, in ``(0, 1]``.
+    noise : float, default=0.1
+        Standard deviation of each noise entry.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the draw.
+    return_params : bool, default=False
+        Also return a :class:`~sklearn.utils.Bunch` with the ground truth.
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_tokens, n_features)
+    Y : ndarray of shape (n_samples, n_tokens, n_targets)
+    params : Bunch, only when ``return_params=True``
+        ``mixing`` (``A``, ``n x n``), ``logits`` (``L`` for softmax, ``None`` for linear),
+        ``V``, ``singular_values`` (of ``M`` or ``L``, length ``n``), ``rank``, ``kind``,
+        ``logit_scale``, ``noise`` and ``noise_floor = noise^2 * d_out`` (per token, summed over
+        output channels, as in :func:`make_attention_task`).
+
+    See Also
+    --------
+    make_attention_task : the input-conditioned rungs 3 and 4.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn_ebound.datasets import make_static_mixing_task
+    >>> X, Y, params = make_static_mixing_task(
+    ...     "softmax", 100, 10, 4, rank=3, random_state=0, return_params=True)
+    >>> Y.shape, int(np.linalg.matrix_rank(params.logits))
+    ((100, 10, 4), 3)
+    """
+    _check_kind(kind)
+    _check_sizes(n_samples, n_tokens, n_features)
+    check_scalar(rank, "rank", Integral, min_val=1 if kind == "softmax" else 0, max_val=n_tokens)
+    check_scalar(logit_scale, "logit_scale", Real, min_val=0)
+    check_scalar(noise, "noise", Real, min_val=0)
+    rng = check_random_state(random_state)
+
+    s = planted_singular_values(rank, singular_values, decay) if rank else np.zeros(0)
+    U = random_orthonormal(n_tokens, rank, rng)
+    R = random_orthonormal(n_tokens, rank, rng)
+    hidden = random_orthonormal(n_features, 1, rng)[:, 0]
+    V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
+
+    if kind == "linear":
+        logits = None
+        mixing = (U * s) @ R.T
+        full_s = np.zeros(n_tokens)
+        full_s[:rank] = s
+    else:
+        # ||L||_F = n: unit root-mean-square logit.
+        c = n_tokens / np.linalg.norm(s)
+        logits = c * (U * s) @ R.T
+        mixing = softmax(logit_scale * logits, axis=-1)
+        full_s = np.zeros(n_tokens)
+        full_s[:rank] = c * s
+
+    X = rng.standard_normal((n_samples, n_tokens, n_features))
+    Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
+    if not return_params:
+        return X, Y
+    params = Bunch(
+        mixing=mixing,
+        logits=logits,
+        V=V,
+        singular_values=full_s,
+        rank=rank,
+        kind=kind,
+        logit_scale=logit_scale,
+        noise=noise,
+        noise_floor=noise**2 * n_targets,
+    )
+    return X, Y, params

@@ -1,0 +1,213 @@
+"""Torch modules whose token mixing has a factorised, rank-limited kernel.
+
+* :class:`LowRankAttention` -- one attention layer with query-key kernel ``W = W_Q W_K^T``;
+* :class:`StaticTokenMixer` -- a fixed (input-independent) mixing matrix ``M = A B^T`` or
+  softmax mixing of fixed logits ``L = A B^T``: the static surrogate of the ladder.
+
+Both start the factors from ``N(0, init_scale^2)``: a small initialisation gives gradient
+descent its implicit bias towards low rank.
+"""
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["LowRankAttention", "StaticTokenMixer"]
+
+
+class _ValueMap(nn.Module):
+    """The value map ``x -> V x``: learned, the identity, or a fixed matrix."""
+
+    def __init__(self, value, n_features, n_targets):
+        super().__init__()
+        if isinstance(value, str) and value == "learned":
+            # Same scale as the default init of nn.Linear: the value map is not rank-limited.
+            weight = torch.empty(n_targets, n_features)
+            nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+            self.weight = nn.Parameter(weight)
+        elif isinstance(value, str) and value == "identity":
+            if n_targets != n_features:
+                raise ValueError(
+                    f"`value='identity'` needs n_targets == n_features = {n_features}. "
+                    f"Got n_targets={n_targets} instead."
+                )
+            self.weight = None
+        elif isinstance(value, str):
+            raise ValueError(
+                "`value` must be 'learned', 'identity' or an array of shape (n_targets, "
+                f"n_features). Got {value!r} instead."
+            )
+        else:
+            weight = torch.as_tensor(np.asarray(value), dtype=torch.float32)
+            if weight.shape != (n_targets, n_features):
+                raise ValueError(
+                    f"`value` as an array must have shape (n_targets, n_features) = "
+                    f"({n_targets}, {n_features}). Got {tuple(weight.shape)} instead."
+                )
+            self.register_buffer("weight", weight.clone())
+
+    def forward(self, X):
+        return X if self.weight is None else X @ self.weight.T
+
+
+def _factor(n_rows, rank, init_scale):
+    return nn.Parameter(init_scale * torch.randn(n_rows, rank))
+
+
+class LowRankAttention(nn.Module):
+    """One attention layer whose query-key kernel ``W = W_Q W_K^T`` has rank at most ``rank``.
+
+    For a batch of sequences ``X`` (``n`` tokens, ``d`` channels) and value map ``V``:
+
+    * ``kind="linear"``: ``Y = (1/n) (X W X^T) X V^T``;
+    * ``kind="softmax"``: ``Y = softmax(beta * X W X^T / sqrt(d)) X V^T``, row-wise, computed by
+      :func:`torch.nn.functional.scaled_dot_product_attention` with queries ``X W_Q``, keys
+      ``X W_K`` and ``scale = beta / sqrt(d)``.
+
+    Parameters
+    ----------
+    n_features : int
+        Channels per token ``d``.
+    rank : int, default=None
+        Inner width ``k`` of the factors ``W_Q, W_K`` (``d x k``); ``None`` means ``d``.
+    kind : {"softmax", "linear"}, default="softmax"
+        Attention class.
+    value : {"learned", "identity"} or array-like of shape (n_targets, n_features), \
+            default="learned"
+        Value map ``V``: a learned matrix, the identity, or a fixed matrix.
+    n_targets : int, default=None
+        Output channels ``d_out``; ``None`` means ``d`` (or the rows of an array ``value``).
+    logit_scale : float, default=1.0
+        ``beta``, the inverse temperature of softmax attention.
+    init_scale : float, default=1e-2
+        Standard deviation of the entries of ``W_Q`` and ``W_K`` at initialisation.
+
+    Attributes
+    ----------
+    W_Q, W_K : torch.nn.Parameter of shape (n_features, rank)
+    value_map : torch.nn.Module
+        ``x -> V x``; its ``weight`` is ``V`` (``None`` for the identity).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sklearn_ebound.nn import LowRankAttention
+    >>> module = LowRankAttention(6, rank=2, kind="linear", value="identity")
+    >>> module(torch.randn(5, 10, 6)).shape, module.qk_kernel().shape
+    (torch.Size([5, 10, 6]), torch.Size([6, 6]))
+    """
+
+    def __init__(
+        self,
+        n_features,
+        rank=None,
+        kind="softmax",
+        value="learned",
+        n_targets=None,
+        logit_scale=1.0,
+        init_scale=1e-2,
+    ):
+        super().__init__()
+        if kind not in ("softmax", "linear"):
+            raise ValueError(f"`kind` must be 'softmax' or 'linear'. Got {kind!r} instead.")
+        rank = n_features if rank is None else rank
+        if n_targets is None:
+            n_targets = n_features if isinstance(value, str) else np.shape(value)[0]
+        self.n_features, self.rank, self.kind = n_features, rank, kind
+        self.logit_scale = float(logit_scale)
+        self.W_Q = _factor(n_features, rank, init_scale)
+        self.W_K = _factor(n_features, rank, init_scale)
+        self.value_map = _ValueMap(value, n_features, n_targets)
+
+    def qk_kernel(self):
+        """The query-key kernel ``W = W_Q W_K^T``, a ``d x d`` tensor of rank ``<= k``."""
+        return self.W_Q @ self.W_K.T
+
+    def forward(self, X):
+        Q, K, values = X @ self.W_Q, X @ self.W_K, self.value_map(X)
+        if self.kind == "linear":
+            # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
+            return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
+        if self.rank == 0:
+            # No kernel: uniform attention over the tokens.
+            return values.mean(dim=-2, keepdim=True).expand_as(values)
+        scale = self.logit_scale / math.sqrt(self.n_features)
+        return F.scaled_dot_product_attention(Q, K, values, scale=scale)
+
+
+class StaticTokenMixer(nn.Module):
+    """Fixed token mixing with a factorised ``n x n`` kernel ``A B^T`` of inner width ``rank``.
+
+    The same mixing is applied to every sequence ``X`` (``n`` tokens, ``d`` channels):
+
+    * ``kind="linear"``: ``Y = M X V^T`` with ``M = A B^T`` (ladder rungs 0 and 1);
+    * ``kind="softmax"``: ``Y = softmax(beta * L) X V^T`` row-wise, with the logit matrix
+      ``L = A B^T`` (rung 2).
+
+    Parameters
+    ----------
+    n_tokens : int
+        Tokens per sequence ``n``.
+    rank : int, default=None
+        Inner width ``k`` of the factors ``A, B`` (``n x k``); ``None`` means ``n``.
+    kind : {"linear", "softmax"}, default="linear"
+        Linear mixing by ``M`` or softmax mixing of the logits ``L``.
+    n_features : int, default=None
+        Channels per token ``d``; needed only for a learned value map.
+    value : {"identity", "learned"} or array-like of shape (n_targets, n_features), \
+            default="identity"
+        Value map ``V``.
+    n_targets : int, default=None
+        Output channels; ``None`` means ``d`` (or the rows of an array ``value``).
+    logit_scale : float, default=1.0
+        ``beta`` of the softmax mixing.
+    init_scale : float, default=1e-2
+        Standard deviation of the entries of ``A`` and ``B`` at initialisation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sklearn_ebound.nn import StaticTokenMixer
+    >>> mixer = StaticTokenMixer(10, rank=3)
+    >>> mixer(torch.randn(5, 10, 4)).shape, mixer.mixing_kernel().shape
+    (torch.Size([5, 10, 4]), torch.Size([10, 10]))
+    """
+
+    def __init__(
+        self,
+        n_tokens,
+        rank=None,
+        kind="linear",
+        n_features=None,
+        value="identity",
+        n_targets=None,
+        logit_scale=1.0,
+        init_scale=1e-2,
+    ):
+        super().__init__()
+        if kind not in ("softmax", "linear"):
+            raise ValueError(f"`kind` must be 'linear' or 'softmax'. Got {kind!r} instead.")
+        rank = n_tokens if rank is None else rank
+        if n_features is None:
+            if isinstance(value, str) and value == "learned":
+                raise ValueError("`n_features` is required with `value='learned'`.")
+            n_features = 1 if isinstance(value, str) else np.shape(value)[1]
+        if n_targets is None:
+            n_targets = n_features if isinstance(value, str) else np.shape(value)[0]
+        self.n_tokens, self.rank, self.kind = n_tokens, rank, kind
+        self.logit_scale = float(logit_scale)
+        self.A = _factor(n_tokens, rank, init_scale)
+        self.B = _factor(n_tokens, rank, init_scale)
+        self.value_map = _ValueMap(value, n_features, n_targets)
+
+    def mixing_kernel(self):
+        """The factorised kernel ``A B^T`` (``n x n``): ``M`` when linear, ``L`` when softmax."""
+        return self.A @ self.B.T
+
+    def forward(self, X):
+        kernel = self.mixing_kernel()
+        mixing = kernel if self.kind == "linear" else torch.softmax(self.logit_scale * kernel, -1)
+        return mixing @ self.value_map(X)
