@@ -80,7 +80,7 @@ def excess_risk_curve(
     risk = _path_squared_errors(operator, moments, X_test, Y_test)[ranks].sum(axis=1)
     risk /= X_test.shape[0]
     if noise_floor is None:
-        noise_floor = max(np.trace(operator.residual), 0.0) / max(operator.residual_dof, 1)
+        noise_floor = operator.noise_variance() * Y.shape[1]
     if singular_values is None:
         singular_values = operator.fitted_singular_values / np.sqrt(moments.n)
     bound = tail_energy(np.asarray(singular_values, dtype=np.float64), ranks)

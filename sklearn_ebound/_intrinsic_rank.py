@@ -194,7 +194,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                                 "std_test_score": scores.std(axis=0)}
             rank = _one_standard_error_rank(ranks, scores)
         elif self.criterion == "rsc":
-            sigma = self._residual_sigma(operator, n_targets)
+            sigma = self._residual_sigma(operator)
             # Bunea, She & Wegkamp (2011): mu = 2 S^2 (n_targets + rank(X)).
             cut = sigma * np.sqrt(2 * (n_targets + operator.input_rank))
             rank = int(np.sum(s > cut))
@@ -206,18 +206,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self._set_common(moments, s, rank, directions, spectrum)
         return self
 
-    def _residual_sigma(self, operator, n_targets):
+    def _residual_sigma(self, operator):
         if operator.residual_dof < 1:
             raise ValueError(
                 f"criterion={self.criterion!r} estimates the noise from the residuals and needs "
                 "n_samples > rank(X) + 1 (with fit_intercept). Got no residual degrees of freedom."
             )
-        self.noise_variance_ = max(np.trace(operator.residual), 0.0) / (
-            operator.residual_dof * n_targets)
+        self.noise_variance_ = operator.noise_variance()
         return np.sqrt(self.noise_variance_)
 
     def _threshold_rank(self, moments, operator, s, n_targets):
         rho, x_rank, y_rank = canonical_correlations(moments)
+        if rho.size == 0:  # constant inputs or targets: no operator to read
+            return 0, rho
         edge = null_edge_canonical(x_rank, y_rank, moments.dof)
         if edge is not None:
             self.threshold_ = float(np.sqrt(edge))
@@ -227,7 +228,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 "Too few samples to whiten the noise (need n_samples > n_features + n_targets "
                 "+ 1); assuming white noise with the residual variance.",
                 RankEstimationWarning, stacklevel=3)
-            sigma = self._residual_sigma(operator, n_targets)
+            sigma = self._residual_sigma(operator)
             shape = (max(operator.input_rank, 1), n_targets)
             cut = optimal_hard_threshold(s, sigma, shape=shape, is_spectrum=True)
         else:

@@ -52,6 +52,8 @@ class StaticOperator:
         Residual cross-products ``(Y_c - X_c B)^T (Y_c - X_c B)``.
     residual_dof : int
         Residual degrees of freedom ``n - 1 - input_rank`` (``n - input_rank`` uncentred).
+    target_energy : float
+        ``trace(Cyy)``, the scale below which the residual cannot be resolved.
     """
 
     coef: np.ndarray
@@ -60,6 +62,18 @@ class StaticOperator:
     input_rank: int
     residual: np.ndarray
     residual_dof: int
+    target_energy: float
+
+    def noise_variance(self):
+        """Residual variance per target entry, ``trace(residual) / (dof * q)``.
+
+        The residual comes from ``Cyy - fitted``, a difference that rounds at about
+        ``eps * trace(Cyy)``: the estimate is floored there so a noise-free task reads as
+        noise at the resolution of float64, not as zero or negative noise.
+        """
+        q = self.residual.shape[0]
+        resolution = 64 * np.finfo(np.float64).eps * self.target_energy
+        return max(np.trace(self.residual), resolution) / (max(self.residual_dof, 1) * q)
 
     def reduced_coef(self, rank):
         """``B V_r V_r^T``: the best rank-``rank`` operator on the training data."""
@@ -97,6 +111,7 @@ def solve_static(moments, alpha=0.0):
         input_rank=input_rank,
         residual=residual,
         residual_dof=moments.dof - input_rank,
+        target_energy=float(np.trace(moments.yy)),
     )
 
 

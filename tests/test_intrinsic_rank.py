@@ -1,0 +1,118 @@
+"""Data-only recovery of the static intrinsic rank."""
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LinearRegression, Ridge
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor
+from sklearn_ebound.datasets import make_static_task
+from sklearn_ebound.exceptions import RankEstimationWarning
+
+
+def _task(n, p, q, rank, snr, input_corr, noise_corr, seed):
+    """Planted task whose weakest direction stands ``snr`` times above the noise bulk.
+
+    The noise part of the fitted values is a ``p x q`` Gaussian matrix whose largest singular
+    value is about ``sigma (sqrt(p) + sqrt(q))``; the signal's smallest is ``s_min sqrt(n)``.
+    """
+    s_min = snr * (np.sqrt(p) + np.sqrt(q)) / np.sqrt(n)
+    sv = s_min * np.linspace(2, 1, rank) if rank else None
+    return make_static_task(n, p, q, rank=rank, singular_values=sv, noise=1.0,
+                            input_correlation=input_corr, noise_correlation=noise_corr,
+                            random_state=seed)
+
+
+RECOVERY_GRID = list(itertools.product(
+    [100, 400, 3000],  # n
+    [8, 30],  # p
+    [6, 20],  # q
+    [1, 2, 5],  # r*
+    [2.0, 4.0],  # signal-to-noise of the weakest direction
+    [0.0, 0.6],  # input correlation
+    [0.0, 0.5],  # noise correlation
+))
+
+
+def test_default_recovers_the_planted_rank_on_a_grid():
+    hits = []
+    for i, (n, p, q, r, snr, rx, re) in enumerate(RECOVERY_GRID):
+        X, Y = _task(n, p, q, r, snr, rx, re, seed=i)
+        with pytest.warns(RankEstimationWarning) if n <= p + q + 1 else _no_warning():
+            hits.append(IntrinsicRankEstimator().fit(X, Y).rank_ == r)
+    rate = np.mean(hits)
+    print(f"recovery rate {rate:.3f} over {len(hits)} planted tasks")
+    assert rate >= 0.95
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("error", RankEstimationWarning)
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+@pytest.mark.parametrize("shape", [(60, 5, 5), (300, 30, 6), (2000, 30, 20), (500, 1, 1)])
+def test_pure_noise_gives_rank_zero(shape):
+    n, p, q = shape
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        est = IntrinsicRankEstimator().fit(rng.standard_normal((n, p)), rng.standard_normal((n, q)))
+        assert est.rank_ == 0
+        assert est.components_.shape == (0, p)
+
+
+@pytest.mark.parametrize("criterion", ["threshold", "rsc", "cv", "energy"])
+def test_every_criterion_recovers_a_clear_task(criterion):
+    X, Y = make_static_task(3000, 15, 12, rank=4, noise=0.05, random_state=0)
+    est = IntrinsicRankEstimator(criterion=criterion).fit(X, Y)
+    assert est.rank_ == 4
+    assert est.components_.shape == (4, 15)
+    np.testing.assert_allclose(est.components_ @ est.components_.T, np.eye(4), atol=1e-10)
+
+
+def test_rank_of_x_alone():
+    rng = np.random.default_rng(0)
+    latent = rng.standard_normal((1000, 3)) @ rng.standard_normal((3, 20)) * 3
+    X = latent + 0.1 * rng.standard_normal((1000, 20))
+    assert IntrinsicRankEstimator().fit(X).rank_ == 3
+    assert IntrinsicRankEstimator().fit(rng.standard_normal((1000, 20))).rank_ == 0
+    with pytest.raises(ValueError, match="needs targets"):
+        IntrinsicRankEstimator(criterion="rsc").fit(X)
+
+
+def test_pipeline_reduces_to_the_intrinsic_directions():
+    X, Y = make_static_task(2000, 20, 10, rank=3, noise=0.2, random_state=0)
+    pipe = make_pipeline(StandardScaler(), IntrinsicRankEstimator(), Ridge(alpha=1e-6)).fit(X, Y)
+    assert pipe[1].rank_ == 3
+    assert pipe[:-1].transform(X).shape == (2000, 3)
+    names = pipe[:-1].get_feature_names_out()
+    assert list(names) == [f"intrinsicrankestimator{i}" for i in range(3)]
+    # Ridge on the 3 directions predicts as well as the rank-3 regression itself.
+    rrr = make_pipeline(StandardScaler(), ReducedRankRegressor(rank=3)).fit(X, Y)
+    assert pipe.score(X, Y) == pytest.approx(rrr.score(X, Y), abs=1e-3)
+    assert pipe.score(X, Y) > LinearRegression().fit(X, Y).score(X, Y) - 0.01
+
+
+def test_noise_free_task_is_exact():
+    X, Y = make_static_task(200, 10, 8, rank=3, noise=0.0, input_correlation=0.5,
+                            random_state=0)
+    for criterion in ["threshold", "energy", "rsc"]:
+        assert IntrinsicRankEstimator(criterion=criterion).fit(X, Y).rank_ == 3
+
+
+def test_too_few_samples_to_whiten_warns_and_still_answers():
+    X, Y = make_static_task(30, 10, 25, rank=2, singular_values=[20, 15], noise=0.1,
+                            random_state=0)
+    with pytest.warns(RankEstimationWarning, match="whiten"):
+        est = IntrinsicRankEstimator().fit(X, Y)
+    assert est.rank_ == 2
+    assert est.noise_variance_ == pytest.approx(0.01, rel=0.5)
