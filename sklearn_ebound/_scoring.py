@@ -61,7 +61,6 @@ def make_sequence_scorer(score_func, *, greater_is_better=True, **kwargs):
 
     Examples
     --------
-    >>> import numpy as np
     >>> from sklearn.metrics import mean_absolute_error
     >>> from sklearn_ebound.nn import make_sequence_scorer
     >>> scorer = make_sequence_scorer(mean_absolute_error, greater_is_better=False)

@@ -131,9 +131,6 @@ class LowRankAttention(nn.Module):
         if self.kind == "linear":
             # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
             return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
-        if self.rank == 0:
-            # No kernel: uniform attention over the tokens.
-            return values.mean(dim=-2, keepdim=True).expand_as(values)
         scale = self.logit_scale / math.sqrt(self.n_features)
         return F.scaled_dot_product_attention(Q, K, values, scale=scale)
 

@@ -1,0 +1,14 @@
+"""Torch estimators and modules: attention with a rank-limited query-key kernel."""
+
+from .._scoring import get_sequence_scorer, get_sequence_scorer_names, make_sequence_scorer
+from ._modules import LowRankAttention, StaticTokenMixer
+from ._regressor import LowRankAttentionRegressor
+
+__all__ = [
+    "LowRankAttention",
+    "StaticTokenMixer",
+    "LowRankAttentionRegressor",
+    "make_sequence_scorer",
+    "get_sequence_scorer",
+    "get_sequence_scorer_names",
+]

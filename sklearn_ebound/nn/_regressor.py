@@ -1,0 +1,360 @@
+"""A scikit-learn regressor for sequences: one attention layer with a rank-limited QK kernel."""
+
+from contextlib import contextmanager, nullcontext
+from numbers import Integral, Real
+
+import numpy as np
+import torch
+from sklearn.metrics import r2_score
+from sklearn.utils import check_array, check_random_state, check_scalar
+from sklearn.utils.validation import check_is_fitted
+from skorch import NeuralNetRegressor
+
+from .._spectrum import energy_rank
+from ._modules import LowRankAttention, StaticTokenMixer
+
+__all__ = ["LowRankAttentionRegressor"]
+
+_ATTENTION = ("softmax", "linear", "static", "static_softmax")
+
+
+@contextmanager
+def _forked_seed(seed):
+    """Fork the CPU torch generator, seed it, and restore the outer state on exit."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def _check_sequences(array, name, dtype=np.float32):
+    """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError."""
+    array = check_array(
+        array, dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
+    )
+    if array.ndim != 3:
+        raise ValueError(
+            f"`{name}` must be a 3-D array of shape (n_samples, n_tokens, n_channels). Got an "
+            f"array of shape {array.shape} instead; a single sequence needs a leading axis of "
+            "length 1, scalar tokens a trailing one."
+        )
+    if min(array.shape) == 0:
+        raise ValueError(f"`{name}` must not have an empty axis. Got shape {array.shape}.")
+    return array
+
+
+class LowRankAttentionRegressor(NeuralNetRegressor):
+    """Regress target sequences on input sequences with one rank-limited attention layer.
+
+    A :class:`skorch.NeuralNetRegressor` around :class:`LowRankAttention` (or
+    :class:`StaticTokenMixer` for the static surrogate), trained on the mean squared error.
+    ``X`` has shape ``(n_samples, n_tokens, n_features)``, ``Y`` shape ``(n_samples, n_tokens,
+    n_targets)``; both are cast to float32. The sizes are read from the data at ``fit``.
+
+    Fitting with ``rank=r`` answers *deficiency* and *achievability* (the held-out risk of the
+    best rank-``r`` attention model); fitting with ``rank=None`` (``k = d``) from a small
+    ``init_scale`` answers *recovery*: ``effective_rank_`` is the energy rank of the learned
+    kernel.
+
+    Parameters
+    ----------
+    rank : int, default=None
+        Inner width ``k`` of the kernel factors, the rank limit of the kernel. ``None`` means
+        full width: ``n_features`` for attention, ``n_tokens`` for static mixing.
+    attention : {"softmax", "linear", "static", "static_softmax"}, default="softmax"
+        The token mixing: softmax attention ``softmax(beta X W X^T / sqrt(d)) X V^T``, linear
+        attention ``(1/n) (X W X^T) X V^T``, static linear mixing ``M X V^T`` or static softmax
+        mixing ``softmax(beta L) X V^T``, with ``W = W_Q W_K^T``, ``M = A B^T``, ``L = A B^T``.
+    value : {"learned", "identity"} or array-like of shape (n_targets, n_features), \
+            default="learned"
+        The value map ``V``: learned, the identity (``n_targets == n_features``), or fixed.
+    init_scale : float, default=1e-2
+        Standard deviation of the factor entries at initialisation. Small values give the
+        implicit bias of gradient descent towards low rank.
+    logit_scale : float, default=1.0
+        ``beta``, the inverse temperature of the softmax variants.
+    optimizer : torch optimizer class, default=torch.optim.Adam
+        Its own parameters go through ``optimizer__<name>``.
+    lr : float, default=0.02
+        Learning rate.
+    max_epochs : int, default=200
+        Number of passes over the data.
+    batch_size : int, default=128
+        Sequences per gradient step; -1 uses all of them (full batch).
+    train_split : callable or None, default=None
+        skorch's internal validation split; ``None`` trains on all data (use scikit-learn's
+        model selection for held-out scores).
+    verbose : int, default=0
+        skorch's progress printing.
+    device : str or torch.device, default="cpu"
+        Where to train, e.g. ``"cuda"``. A model pickled on CUDA unpickles on a machine
+        without CUDA onto the CPU.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initialisation and the batch order of ``fit``. The seed is applied inside a
+        forked torch random state, so the global torch generator is left as it was. ``None``
+        draws from the global torch generator.
+    **kwargs
+        Any other parameter of :class:`skorch.NeuralNetRegressor` (``callbacks``,
+        ``criterion``, ``warm_start``, ``iterator_train__shuffle``, ...). Training batches
+        are shuffled unless ``iterator_train__shuffle=False`` is given.
+
+    Attributes
+    ----------
+    qk_kernel_ : ndarray of shape (n_features, n_features) or (n_tokens, n_tokens)
+        The learned kernel as float64: ``W = W_Q W_K^T`` for attention; for
+        ``attention="static"`` the mixing matrix ``M = A B^T``, and for ``"static_softmax"``
+        the logit matrix ``L = A B^T`` (not its softmax, which has full rank).
+    effective_rank_ : int
+        ``energy_rank(qk_kernel_, tau=0.99)``: the fewest singular values holding 99% of the
+        kernel's energy.
+    n_features_in_ : int
+        Channels ``d`` of the input tokens.
+    n_tokens_in_ : int
+        Tokens per sequence seen at ``fit``; predictions of static mixing need the same.
+    n_outputs_ : int
+        Output channels ``d_out``.
+    module_ : torch.nn.Module
+        The trained :class:`LowRankAttention` or :class:`StaticTokenMixer`.
+    history_ : skorch.history.History
+        Per-epoch and per-batch training record (``history_[:, "train_loss"]``).
+
+    See Also
+    --------
+    LowRankAttention : the module trained for the attention variants.
+    StaticTokenMixer : the module trained for the static variants.
+    get_sequence_scorer : named scorers that accept 3-D targets, for ``GridSearchCV``.
+
+    Notes
+    -----
+    ``score`` is the R^2 of all target entries flattened into one column. scikit-learn's own
+    named scorers reject 3-D targets; pass ``scoring=get_sequence_scorer(name)`` instead of
+    ``scoring=name`` in model selection.
+
+    Examples
+    --------
+    >>> from sklearn_ebound.datasets import make_attention_task
+    >>> from sklearn_ebound.nn import LowRankAttentionRegressor
+    >>> X, Y = make_attention_task("linear", 200, 8, 4, rank=1, noise=0.05, random_state=0)
+    >>> net = LowRankAttentionRegressor(
+    ...     attention="linear", value="identity", max_epochs=100, batch_size=-1,
+    ...     lr=0.05, random_state=0).fit(X, Y)
+    >>> net.qk_kernel_.shape, net.effective_rank_
+    ((4, 4), 1)
+    """
+
+    def __init__(
+        self,
+        rank=None,
+        *,
+        attention="softmax",
+        value="learned",
+        init_scale=1e-2,
+        logit_scale=1.0,
+        optimizer=torch.optim.Adam,
+        lr=0.02,
+        max_epochs=200,
+        batch_size=128,
+        train_split=None,
+        verbose=0,
+        device="cpu",
+        random_state=None,
+        **kwargs,
+    ):
+        # The module is built from `attention` and the data at fit; skorch stores `module`.
+        kwargs.pop("module", None)
+        kwargs.setdefault("iterator_train__shuffle", True)
+        super().__init__(
+            None,
+            optimizer=optimizer,
+            lr=lr,
+            max_epochs=max_epochs,
+            batch_size=batch_size,
+            train_split=train_split,
+            verbose=verbose,
+            device=device,
+            **kwargs,
+        )
+        self.rank = rank
+        self.attention = attention
+        self.value = value
+        self.init_scale = init_scale
+        self.logit_scale = logit_scale
+        self.random_state = random_state
+
+    def fit(self, X, y, **fit_params):
+        """Initialise the module from the data and train it.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens, n_features)
+            Input sequences.
+        y : array-like of shape (n_samples, n_tokens, n_targets)
+            Target sequences.
+        **fit_params : dict
+            Passed on to :meth:`skorch.NeuralNet.fit`.
+
+        Returns
+        -------
+        self : LowRankAttentionRegressor
+        """
+        X, y = self._validate_sequences(X, y, reset=not (self.warm_start and self.initialized_))
+        with self._seeded():
+            return super().fit(X, y, **fit_params)
+
+    def partial_fit(self, X, y, classes=None, **fit_params):
+        """Train for ``max_epochs`` more epochs, initialising first if needed."""
+        X, y = self._validate_sequences(X, y, reset=not self.initialized_)
+        return super().partial_fit(X, y, classes=classes, **fit_params)
+
+    def predict(self, X):
+        """Predicted target sequences, a float32 array of shape (n_samples, n_tokens, n_targets).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens, n_features)
+
+        Returns
+        -------
+        Y_pred : ndarray of shape (n_samples, n_tokens, n_targets)
+        """
+        check_is_fitted(self)
+        X, _ = self._validate_sequences(X, reset=False)
+        return super().predict(X)
+
+    def score(self, X, y, sample_weight=None):
+        """R^2 over all tokens and channels: the targets flattened into one column.
+
+        ``1 - sum (Y - Y_pred)^2 / sum (Y - mean(Y))^2`` with one overall mean.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_tokens, n_features)
+        y : array-like of shape (n_samples, n_tokens, n_targets)
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weight of each sequence.
+
+        Returns
+        -------
+        score : float
+        """
+        check_is_fitted(self)
+        X, y = self._validate_sequences(X, y, reset=False)
+        y_pred = self.predict(X)
+        if sample_weight is not None:
+            # One weight per sequence, repeated over its entries.
+            sample_weight = np.repeat(np.asarray(sample_weight), y[0].size)
+        return r2_score(y.reshape(-1), y_pred.reshape(-1), sample_weight=sample_weight)
+
+    def initialize_module(self):
+        """Build the module from the parameters and the sizes seen at ``fit``."""
+        kwargs = dict(
+            rank=self.rank,
+            value=self.value,
+            n_targets=self.n_outputs_,
+            logit_scale=self.logit_scale,
+            init_scale=self.init_scale,
+        )
+        if self.attention in ("static", "static_softmax"):
+            module_cls = StaticTokenMixer
+            kind = "linear" if self.attention == "static" else "softmax"
+            kwargs.update(n_tokens=self.n_tokens_in_, n_features=self.n_features_in_, kind=kind)
+        else:
+            module_cls = LowRankAttention
+            kwargs.update(n_features=self.n_features_in_, kind=self.attention)
+        # `module__<name>` parameters override the ones above.
+        kwargs.update(self.get_params_for("module"))
+        self.module_ = module_cls(**kwargs)
+        return self
+
+    def on_train_end(self, net, X=None, y=None, **kwargs):
+        """Read the learned kernel and its energy rank."""
+        super().on_train_end(net, X=X, y=y, **kwargs)
+        with torch.no_grad():
+            if isinstance(self.module_, StaticTokenMixer):
+                kernel = self.module_.mixing_kernel()
+            else:
+                kernel = self.module_.qk_kernel()
+        self.qk_kernel_ = kernel.detach().cpu().double().numpy()
+        # tau = 0.99: the fewest directions that hold 99% of the squared Frobenius norm.
+        self.effective_rank_ = energy_rank(self.qk_kernel_, tau=0.99)
+
+    def _seeded(self):
+        """A forked torch random state seeded from ``random_state`` (no-op for ``None``)."""
+        if self.random_state is None:
+            return nullcontext()
+        seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
+        return _forked_seed(seed)
+
+    def _validate_sequences(self, X, y=None, reset=True):
+        """Check parameters and data; with ``reset`` record the sizes, else compare to them."""
+        X = _check_sequences(X, "X")
+        if y is not None:
+            y = _check_sequences(y, "y")
+            if y.shape[:2] != X.shape[:2]:
+                raise ValueError(
+                    "`y` must have shape (n_samples, n_tokens, n_targets) with the same "
+                    f"n_samples and n_tokens as `X` {X.shape[:2]}. Got {y.shape} instead."
+                )
+        if reset:
+            self._check_params(X, y)
+            self.n_tokens_in_, self.n_features_in_ = X.shape[1:]
+            self.n_outputs_ = y.shape[2]
+            return X, y
+        if X.shape[2] != self.n_features_in_:
+            raise ValueError(
+                f"`X` has {X.shape[2]} features per token, but {type(self).__name__} was "
+                f"fitted with n_features={self.n_features_in_}."
+            )
+        if self.attention in ("static", "static_softmax") and X.shape[1] != self.n_tokens_in_:
+            raise ValueError(
+                f"`X` has {X.shape[1]} tokens, but static mixing was fitted with "
+                f"n_tokens={self.n_tokens_in_}."
+            )
+        if y is not None and y.shape[2] != self.n_outputs_:
+            raise ValueError(
+                f"`y` has {y.shape[2]} channels per token, but {type(self).__name__} was "
+                f"fitted with n_targets={self.n_outputs_}."
+            )
+        return X, y
+
+    def _check_params(self, X, y):
+        n_tokens, n_features = X.shape[1:]
+        n_targets = y.shape[2]
+        if self.attention not in _ATTENTION:
+            raise ValueError(f"`attention` must be one of {_ATTENTION}. Got {self.attention!r}.")
+        static = self.attention in ("static", "static_softmax")
+        width, width_name = (n_tokens, "n_tokens") if static else (n_features, "n_features")
+        if self.rank is not None:
+            check_scalar(self.rank, "rank", Integral, min_val=0)
+            if self.rank > width:
+                raise ValueError(
+                    f"`rank` upper bound is {width} ({width_name}). Got {self.rank} instead. "
+                    "Reduce `rank` or pass None for full width."
+                )
+        check_scalar(self.init_scale, "init_scale", Real, min_val=0, include_boundaries="neither")
+        check_scalar(self.logit_scale, "logit_scale", Real, min_val=0)
+        if isinstance(self.value, str):
+            if self.value not in ("learned", "identity"):
+                raise ValueError(
+                    "`value` must be 'learned', 'identity' or an array of shape (n_targets, "
+                    f"n_features). Got {self.value!r} instead."
+                )
+            if self.value == "identity" and n_targets != n_features:
+                raise ValueError(
+                    f"`value='identity'` needs `y` with n_targets == n_features = {n_features}"
+                    f" channels. Got n_targets={n_targets} instead."
+                )
+        else:
+            V = check_array(self.value, input_name="value")
+            if V.shape != (n_targets, n_features):
+                raise ValueError(
+                    f"`value` as an array must have shape (n_targets, n_features) = "
+                    f"({n_targets}, {n_features}). Got {V.shape} instead."
+                )
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.three_d_array = True
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = False
+        return tags

@@ -1,0 +1,132 @@
+"""The torch modules compute exactly the mixing they document."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sklearn_ebound.datasets import make_attention_task, make_static_mixing_task
+from sklearn_ebound.nn import LowRankAttention, StaticTokenMixer
+
+
+def _reference_attention(X, W_Q, W_K, V, kind, beta):
+    """The textbook formulas, with an explicit n x n mixing matrix."""
+    n, d = X.shape[-2:]
+    logits = X @ W_Q @ W_K.T @ X.transpose(-2, -1)
+    if kind == "linear":
+        A = logits / n
+    else:
+        A = torch.softmax(beta * logits / math.sqrt(d), dim=-1)
+    return A @ X @ V.T
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(["linear", "softmax"]),
+    value=st.sampled_from(["learned", "identity", "array"]),
+    n_tokens=st.integers(1, 9),
+    n_features=st.integers(1, 6),
+    data=st.data(),
+    beta=st.floats(0.0, 4.0),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_forward_matches_formula(kind, value, n_tokens, n_features, data, beta, seed):
+    rank = data.draw(st.integers(0, n_features))
+    torch.manual_seed(seed)
+    n_targets = n_features if value != "array" else data.draw(st.integers(1, 4))
+    V_fixed = torch.randn(n_targets, n_features)
+    module = LowRankAttention(
+        n_features,
+        rank=rank,
+        kind=kind,
+        value=V_fixed.numpy() if value == "array" else value,
+        logit_scale=beta,
+        init_scale=1.0,
+    )
+    X = torch.randn(3, n_tokens, n_features)
+    if value == "learned":
+        V = module.value_map.weight
+    elif value == "identity":
+        V = torch.eye(n_features)
+    else:
+        V = V_fixed
+    with torch.no_grad():
+        expected = _reference_attention(X, module.W_Q, module.W_K, V, kind, beta)
+        got = module(X)
+    assert got.shape == (3, n_tokens, n_targets)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    kernel = module.qk_kernel().detach().numpy()
+    assert kernel.shape == (n_features, n_features)
+    assert np.linalg.matrix_rank(kernel, tol=1e-5) <= rank
+
+
+@pytest.mark.parametrize("kind", ["linear", "softmax"])
+def test_attention_with_planted_weights_reproduces_the_task(kind):
+    # The module and the generator share one convention (1/n, beta / sqrt(d), V on the right).
+    X, Y, p = make_attention_task(
+        kind, 10, 7, 5, rank=2, logit_scale=2.5, value="random", noise=0.0, random_state=0,
+        return_params=True,
+    )
+    module = LowRankAttention(5, rank=2, kind=kind, value=p.V, logit_scale=2.5)
+    with torch.no_grad():
+        module.W_Q.copy_(torch.as_tensor(p.W_Q))
+        module.W_K.copy_(torch.as_tensor(p.W_K))
+        got = module(torch.as_tensor(X, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(got, Y, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["linear", "softmax"])
+def test_static_mixer_reproduces_the_task(kind):
+    X, Y, p = make_static_mixing_task(
+        kind, 10, 6, 3, rank=2, logit_scale=0.8, noise=0.0, random_state=0, return_params=True
+    )
+    mixer = StaticTokenMixer(6, rank=2, kind=kind, logit_scale=0.8)
+    kernel = p.mixing if kind == "linear" else p.logits
+    U, s, Vt = np.linalg.svd(kernel)
+    with torch.no_grad():
+        mixer.A.copy_(torch.as_tensor(U[:, :2] * s[:2]))
+        mixer.B.copy_(torch.as_tensor(Vt[:2].T))
+        got = mixer(torch.as_tensor(X, dtype=torch.float32)).numpy()
+    np.testing.assert_allclose(got, Y, atol=1e-4)
+    np.testing.assert_allclose(mixer.mixing_kernel().detach().numpy(), kernel, atol=1e-5)
+
+
+def test_rank_zero_softmax_is_uniform_attention():
+    module = LowRankAttention(4, rank=0, kind="softmax", value="identity")
+    X = torch.randn(2, 5, 4)
+    torch.testing.assert_close(module(X), X.mean(dim=1, keepdim=True).expand_as(X))
+
+
+def test_init_scale_sets_the_factor_size():
+    torch.manual_seed(0)
+    module = LowRankAttention(64, rank=64, init_scale=1e-3)
+    assert module.W_Q.std().item() == pytest.approx(1e-3, rel=0.05)
+    assert module.W_K.std().item() == pytest.approx(1e-3, rel=0.05)
+    mixer = StaticTokenMixer(64, init_scale=1e-2)
+    assert mixer.A.shape == (64, 64) and mixer.A.std().item() == pytest.approx(1e-2, rel=0.05)
+
+
+def test_fixed_value_map_is_a_buffer_not_a_parameter():
+    V = np.eye(3)[:2]
+    module = LowRankAttention(3, value=V)
+    assert {name for name, _ in module.named_parameters()} == {"W_Q", "W_K"}
+    assert "value_map.weight" in dict(module.named_buffers())
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: LowRankAttention(3, kind="relu"), "`kind` must be 'softmax' or 'linear'"),
+        (lambda: LowRankAttention(3, value="identity", n_targets=2), "needs n_targets"),
+        (lambda: LowRankAttention(3, value="orthogonal"), "`value` must be 'learned'"),
+        (lambda: LowRankAttention(3, value=np.ones((2, 4))), r"shape \(n_targets, n_features\)"),
+        (lambda: StaticTokenMixer(4, kind="relu"), "`kind` must be 'linear' or 'softmax'"),
+        (lambda: StaticTokenMixer(4, value="learned"), "`n_features` is required"),
+    ],
+)
+def test_module_errors(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
