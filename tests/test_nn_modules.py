@@ -12,6 +12,15 @@ from sklearn_ebound.datasets import make_attention_task, make_static_mixing_task
 from sklearn_ebound.nn import LowRankAttention, StaticTokenMixer
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    # The problems here are tiny: one thread is faster than several competing for a shared CPU.
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n_threads)
+
+
 def _reference_attention(X, W_Q, W_K, V, kind, beta):
     """The textbook formulas, with an explicit n x n mixing matrix."""
     n, d = X.shape[-2:]
