@@ -1,17 +1,25 @@
 """Data-only intrinsic rank: read ``r*`` from data before training any model."""
 
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin, _fit_context
+from sklearn.base import (
+    BaseEstimator,
+    ClassNamePrefixFeaturesOutMixin,
+    TransformerMixin,
+    _fit_context,
+)
+from sklearn.utils import check_array
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._attention_operators import per_token_data, qk_kernel_least_squares, token_mixing_data
 from ._moments import Moments
 from ._operators import canonical_correlations, null_edge_canonical, solve_static
 from ._reduced_rank import rank_path_scores
 from ._spectrum import energy_rank, optimal_hard_threshold
+from ._validation import check_sequence_pair, check_sequences
 from .exceptions import RankEstimationWarning
 
 __all__ = ["IntrinsicRankEstimator"]
@@ -44,11 +52,33 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     operator and reads its rank with a noise-adaptive cut. Without ``Y`` it reads the rank of
     ``X`` itself.
 
+    For attention the intrinsic rank is attention-native: the rank of the query–key kernel
+    ``W = W_Q W_Kᵀ`` with which the attention class realises the task. On sequence data
+    ``X (N, n, d) -> Y (N, n, d_out)`` with ``operator="attention"`` the estimator reads it
+    from moments of the data, before training:
+
+    - value map known (``value="identity"`` or a matrix): token ``i`` obeys
+      ``y_i = V S Wᵀ x_i`` with ``S`` the sequence's second moment, linear in ``W``; least
+      squares recovers ``W`` (``qk_kernel_``) and its rank exactly;
+    - value map unknown (``value=None``): the per-token channel operator ``y_i ~ V Sigma Wᵀ
+      x_i`` of rank ``rank(W)``, exact as ``n`` grows;
+    - softmax attention is linearised around uniform weights (centred moments). Recovery is
+      partial: it degrades as logits grow, and a direction of ``W`` that ``V`` annihilates is
+      invisible. With a known value map ``logit_rms_`` measures the fitted logits, and a
+      :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when it passes 1.
+
     Parameters
     ----------
-    operator : {"static"}, default="static"
+    operator : {"static", "attention"}, default="static"
         The operator whose rank is read. ``"static"``: the linear operator ``Y ~ X B`` of 2-D
-        data (scalar-token sequences: the token-mixing matrix).
+        data (scalar-token sequences: the token-mixing matrix); on 3-D data, the naive static
+        transfer, one token-mixing matrix ``Y_s ~ M X_s`` for all sequences and channels (its
+        rank does not describe attention; kept to show why). ``"attention"``: the rank of the
+        query–key kernel of 3-D sequence data.
+    attention : {"softmax", "linear"}, default="softmax"
+        The attention class, for ``operator="attention"``.
+    value : None, "identity" or array-like of shape (n_targets, n_features), default=None
+        The value map ``V`` of attention, if known.
     criterion : {"threshold", "rsc", "cv", "energy"}, default="threshold"
         How the rank is read from the spectrum:
 
@@ -68,6 +98,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           :class:`ReducedRankRegressorCV`), smallest rank within one standard error of the best.
         - ``"energy"``: energy rank of the fitted values' spectrum at level ``tau``; a
           descriptor, not noise-adaptive.
+
+        For attention, ``"threshold"`` is the Gavish–Donoho threshold of the noise-whitened
+        kernel (value map known) or the canonical-correlation cut of the per-token operator
+        (unknown). Where the model is only approximate (softmax, or an unknown value map at
+        finite ``n``) its error is a systematic, signal-proportional term rather than noise,
+        so the rank is the smaller of the threshold rank and the energy rank at ``tau``.
     tau : float, default=0.99
         Energy fraction for ``criterion="energy"``, in ``(0, 1]``.
     cv : int, cross-validation generator or iterable, default=5
@@ -89,7 +125,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Noise variance per target entry estimated from the residuals, where one was used.
     components_ : ndarray of shape (rank_, n_features)
         Orthonormal input directions of the rank-``rank_`` operator, in order of importance;
-        :meth:`transform` projects the centred inputs on them.
+        :meth:`transform` projects the centred inputs on them. For attention: the query
+        directions (column space of ``W``); :meth:`transform` projects every token.
+    qk_kernel_ : ndarray of shape (n_features, n_features), only with a known value map
+        The least-squares query–key kernel ``W`` (for softmax, times ``beta / sqrt(d)``).
+    logit_rms_ : float, only with a known value map
+        Root-mean-square of the fitted attention logits.
     explained_energy_ : ndarray
         Fraction of the operator's energy (sum of squared singular values of the fitted values)
         carried by each component.
@@ -121,16 +162,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     """
 
     _parameter_constraints = {
-        "operator": [StrOptions({"static"})],
+        "operator": [StrOptions({"static", "attention"})],
+        "attention": [StrOptions({"softmax", "linear"})],
+        "value": [None, StrOptions({"identity"}), "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
         "tau": [Interval(Real, 0, 1, closed="right")],
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],
     }
 
-    def __init__(self, operator="static", *, criterion="threshold", tau=0.99, cv=5,
-                 fit_intercept=True):
+    def __init__(self, operator="static", *, attention="softmax", value=None,
+                 criterion="threshold", tau=0.99, cv=5, fit_intercept=True):
         self.operator = operator
+        self.attention = attention
+        self.value = value
         self.criterion = criterion
         self.tau = tau
         self.cv = cv
@@ -142,14 +187,18 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-        Y : array-like of shape (n_samples, n_targets) or (n_samples,), default=None
-            Targets; without them the rank of ``X`` itself is read.
+        X : array-like of shape (n_samples, n_features) or (n_samples, n_tokens, n_features)
+        Y : array-like of shape (n_samples, n_targets) or (n_samples, n_tokens, n_targets), \
+                default=None
+            Targets; without them the rank of ``X`` itself is read (2-D data only).
 
         Returns
         -------
         self : object
         """
+        self._sequences = np.ndim(X) == 3 or self.operator == "attention"
+        if self._sequences:
+            return self._fit_sequences(X, Y)
         if Y is None:
             X = validate_data(self, X, ensure_min_samples=2, dtype=np.float64)
             return self._fit_inputs_only(X)
@@ -157,6 +206,71 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                              ensure_min_samples=2, dtype=np.float64)
         Y = Y if Y.ndim == 2 else Y[:, None]
         return self._fit_static(X, Y)
+
+    def _fit_sequences(self, X, Y):
+        if Y is None:
+            raise ValueError("Sequence data (3-D `X`) needs the target sequences `Y`.")
+        X, Y = check_sequence_pair(X, Y)
+        self.n_features_in_ = X.shape[2]
+        if self.operator == "static":
+            # The naive transfer: one token-mixing matrix shared by all sequences.
+            return self._fit_static(*token_mixing_data(X, Y))
+        value = self._value_map(X.shape[2], Y.shape[2])
+        if value is None:
+            Xt, Yt = per_token_data(X, Y, center_sequences=self.attention == "softmax")
+            self._fit_static(Xt, Yt)
+            return self._cap_by_energy(self.rank_)
+        if self.criterion in ("rsc", "cv"):
+            raise ValueError(f"criterion={self.criterion!r} is not available with a known value "
+                             "map; use 'threshold' or 'energy'.")
+        fit = qk_kernel_least_squares(X, Y, value, self.attention)
+        U, s, _ = np.linalg.svd(fit.kernel)
+        self.qk_kernel_ = fit.kernel
+        self.logit_rms_ = fit.logit_rms
+        self.noise_variance_ = fit.noise_variance
+        if self.criterion == "energy":
+            self.threshold_ = None
+            rank = energy_rank(s, self.tau) if s[0] > 0 else 0
+            spectrum = s
+        else:
+            self.threshold_ = float(fit.threshold)
+            rank, spectrum = fit.rank, fit.singular_values
+        self.rank_ = int(rank)
+        self.mean_ = np.zeros(X.shape[2])
+        self.singular_values_ = spectrum
+        self.explained_energy_ = s**2 / np.sum(s**2) if s[0] > 0 else np.zeros_like(s)
+        self.components_ = U[:, : self.rank_].T.copy()
+        if self.attention == "softmax":
+            if self.logit_rms_ > 1:
+                warnings.warn(
+                    f"The fitted attention logits have root-mean-square {self.logit_rms_:.2f} > 1: "
+                    "the linearisation of the softmax is strained and the rank may be wrong.",
+                    RankEstimationWarning, stacklevel=3)
+            self._cap_by_energy(self.rank_, s)
+        return self
+
+    def _value_map(self, n_features, n_targets):
+        if self.value is None:
+            return None
+        if isinstance(self.value, str):  # "identity"
+            if n_targets != n_features:
+                raise ValueError(f"value='identity' needs n_targets == n_features. Got "
+                                 f"{n_targets} and {n_features}.")
+            return np.eye(n_features)
+        V = check_array(self.value, dtype=np.float64, input_name="value")
+        if V.shape != (n_targets, n_features):
+            raise ValueError(f"`value` must have shape (n_targets, n_features) = "
+                             f"{(n_targets, n_features)}. Got {V.shape} instead.")
+        return V
+
+    def _cap_by_energy(self, rank, s=None):
+        """Cap the rank by the energy rank where the model error is systematic, not noise."""
+        if self.criterion == "threshold":
+            s = self._operator_spectrum if s is None else s
+            if s.size and s[0] > 0:
+                self.rank_ = min(int(rank), energy_rank(s, self.tau))
+                self.components_ = self.components_[: self.rank_]
+        return self
 
     def _fit_inputs_only(self, X):
         if self.criterion in ("rsc", "cv"):
@@ -242,6 +356,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         return int(np.sum(s > cut)), s / np.sqrt(moments.n)
 
     def _set_common(self, moments, s, rank, directions, spectrum):
+        self._operator_spectrum = s
         self.rank_ = int(rank)
         self.mean_ = moments.mean_x.copy()
         self.singular_values_ = spectrum
@@ -255,14 +370,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, n_tokens, n_features)
 
         Returns
         -------
-        X_new : ndarray of shape (n_samples, rank_)
+        X_new : ndarray of shape (n_samples, rank_) or (n_samples, n_tokens, rank_)
         """
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        if self._sequences:
+            X = check_sequences(X, "X", dtype=[np.float64, np.float32])
+            if X.shape[2] != self.n_features_in_:
+                raise ValueError(f"X has {X.shape[2]} features per token, but "
+                                 f"{type(self).__name__} is expecting {self.n_features_in_}.")
+        else:
+            X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         return (X - self.mean_) @ self.components_.T
 
     @property

@@ -309,7 +309,8 @@ class ReducedRankRegressorCV(_ReducedRankBase):
         bound = min(X.shape[1], Y.shape[1])
         ranks = np.arange(bound + 1) if self.ranks is None else np.asarray(self.ranks)
         if ranks.ndim != 1 or ranks.size == 0 or ranks.dtype.kind not in "iu":
-            raise ValueError(f"`ranks` must be a non-empty 1-D sequence of integers. Got {self.ranks!r}.")
+            raise ValueError(
+                f"`ranks` must be a non-empty 1-D sequence of integers. Got {self.ranks!r}.")
         if ranks.min() < 0:
             raise ValueError(f"`ranks` must be non-negative. Got {self.ranks!r}.")
         _check_rank_bound(int(ranks.max()), X.shape[1], Y.shape[1], name="ranks")

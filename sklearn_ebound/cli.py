@@ -26,7 +26,7 @@ def _demo(args):
     curve = excess_risk_curve(X, Y, noise_floor=params.noise_floor,
                               singular_values=params.singular_values, random_state=args.seed)
     print("rank  held-out excess risk  bound T(r)")
-    for r, excess, bound in zip(curve.ranks, curve.excess_risk, curve.bound):
+    for r, excess, bound in zip(curve.ranks, curve.excess_risk, curve.bound, strict=True):
         print(f"{r:>4}  {excess:>20.4f}  {bound:>10.4f}")
     # The knee: the smallest rank whose excess risk is within 2% of T(r*-1) of the best.
     scale = curve.bound[0] if curve.bound[0] > 0 else 1.0

@@ -105,7 +105,9 @@ def make_static_task(
     check_scalar(n_targets, "n_targets", Integral, min_val=1)
     check_scalar(rank, "rank", Integral, min_val=0, max_val=min(n_features, n_targets))
     check_scalar(noise, "noise", Real, min_val=0)
-    for name, rho in [("input_correlation", input_correlation), ("noise_correlation", noise_correlation)]:
+    correlations = {"input_correlation": input_correlation,
+                    "noise_correlation": noise_correlation}
+    for name, rho in correlations.items():
         check_scalar(rho, name, Real, min_val=-1, max_val=1, include_boundaries="neither")
     rng = check_random_state(random_state)
 

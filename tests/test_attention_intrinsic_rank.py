@@ -1,0 +1,125 @@
+"""Data-only attention-native rank, and the failure of the naive static transfer."""
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+
+from sklearn_ebound import IntrinsicRankEstimator
+from sklearn_ebound.datasets import make_attention_task
+from sklearn_ebound.exceptions import RankEstimationWarning
+
+
+@pytest.mark.parametrize("kind", ["linear", "softmax"])
+def test_naive_static_transfer_fails(kind):
+    X, Y, params = make_attention_task(kind, 1000, 32, 8, rank=2, noise=0.1, random_state=0,
+                                       return_params=True)
+    static = IntrinsicRankEstimator("static").fit(X, Y).rank_
+    static_energy = IntrinsicRankEstimator("static", criterion="energy").fit(X, Y).rank_
+    native = IntrinsicRankEstimator("attention", attention=kind, value="identity").fit(X, Y)
+    print(f"{kind}: static token-mixing rank {static} (energy {static_energy}) of 32 tokens; "
+          f"attention-native {native.rank_}; planted {params.rank}")
+    assert native.rank_ == params.rank
+    # The static operator reads a rank far from r*_att: attention's mixing depends on X.
+    assert static >= 4 * params.rank and static_energy >= 4 * params.rank
+
+
+LINEAR_GRID = list(itertools.product(
+    [4, 8], [8, 32], [1, 2, 4], [0.05, 0.5], ["identity", "random"]))
+
+
+def test_linear_attention_with_known_value_map_is_exact_on_a_grid():
+    misses = []
+    for i, (d, n, rank, noise, value) in enumerate(LINEAR_GRID):
+        rank = min(rank, d)
+        X, Y, params = make_attention_task("linear", 300, n, d, rank=rank, value=value,
+                                           noise=noise, decay=0.7, random_state=i,
+                                           return_params=True)
+        est = IntrinsicRankEstimator("attention", attention="linear", value=params.V).fit(X, Y)
+        if est.rank_ != rank:
+            misses.append((d, n, rank, noise, value, est.rank_))
+    assert misses == []
+
+
+def test_known_value_map_recovers_the_kernel_itself():
+    X, Y, params = make_attention_task("linear", 500, 16, 6, rank=2, value="random", noise=0.05,
+                                       random_state=0, return_params=True)
+    est = IntrinsicRankEstimator("attention", attention="linear", value=params.V).fit(X, Y)
+    np.testing.assert_allclose(est.qk_kernel_, params.W, atol=0.02)
+    # The query directions span the column space of W.
+    Q = np.linalg.qr(params.W_Q)[0]
+    np.testing.assert_allclose(np.linalg.svd(est.components_ @ Q, compute_uv=False), 1, atol=1e-3)
+
+
+def test_unknown_value_map_at_scale():
+    cells = list(itertools.product([64, 128], [6, 8], [1, 2, 3], ["identity", "random"], [0, 1]))
+    hits = []
+    for i, (n, d, rank, value, _) in enumerate(cells):
+        X, Y = make_attention_task("linear", 200, n, d, rank=rank, value=value, noise=0.1,
+                                   decay=0.8, random_state=1000 + i)
+        hits.append(IntrinsicRankEstimator("attention", attention="linear").fit(X, Y).rank_ == rank)
+    rate = np.mean(hits)
+    print(f"unknown value map, n >= 64: recovery {rate:.3f} over {len(hits)} tasks")
+    assert rate >= 0.95
+
+
+def test_softmax_frontier_kernel_error_grows_and_hidden_directions_vanish():
+    rates, kernel_error = {}, {}
+    for beta in [0.5, 4.0, 16.0]:
+        hits, errors = [], []
+        for seed in range(4):
+            X, Y, params = make_attention_task("softmax", 400, 32, 6, rank=2, logit_scale=beta,
+                                               value="random", noise=0.05, random_state=seed,
+                                               return_params=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RankEstimationWarning)
+                est = IntrinsicRankEstimator("attention", value=params.V).fit(X, Y)
+            hits.append(est.rank_ == 2)
+            # The linearised kernel estimates (beta / sqrt(d)) W.
+            target = beta / np.sqrt(6) * params.W
+            errors.append(np.linalg.norm(est.qk_kernel_ - target) / np.linalg.norm(target))
+        rates[beta], kernel_error[beta] = np.mean(hits), np.mean(errors)
+    print("softmax, value known: rank recovery", rates, "kernel relative error", kernel_error)
+    # The kernel itself cannot be inverted from low moments once logits grow ...
+    assert kernel_error[0.5] < 0.05
+    assert kernel_error[16.0] > 10 * kernel_error[0.5]
+    # ... while its rank, read on the query side, survives for Gaussian tokens.
+    assert rates[0.5] == 1.0
+    # Kernel-value identifiability: a key direction that V annihilates is invisible without V.
+    hidden = []
+    for seed in range(4):
+        X, Y = make_attention_task("softmax", 400, 32, 6, rank=2, logit_scale=1.0,
+                                   value="low_rank", noise=0.05, random_state=seed)
+        hidden.append(IntrinsicRankEstimator("attention").fit(X, Y).rank_)
+    print("softmax, value annihilates a key direction, value unknown: ranks", hidden)
+    assert all(r < 2 for r in hidden)
+
+
+def test_large_logits_warn():
+    X, Y, params = make_attention_task("softmax", 300, 16, 6, rank=2, logit_scale=8.0,
+                                       noise=0.05, random_state=0, return_params=True)
+    with pytest.warns(RankEstimationWarning, match="linearisation"):
+        est = IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
+    assert est.logit_rms_ > 1
+
+
+def test_bad_sequence_input():
+    X, Y = make_attention_task("linear", 20, 8, 4, rank=1, random_state=0)
+    est = IntrinsicRankEstimator("attention", attention="linear")
+    with pytest.raises(ValueError, match="3-D array"):
+        est.fit(X[:, :, 0], Y)
+    with pytest.raises(ValueError, match="same number of tokens"):
+        est.fit(X, Y[:, :-1])
+    with pytest.raises(ValueError, match="same number of sequences"):
+        est.fit(X, Y[:-1])
+    X_nan = X.copy()
+    X_nan[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(X_nan, Y)
+    with pytest.raises(ValueError, match="needs the target sequences"):
+        est.fit(X)
+    with pytest.raises(ValueError, match=r"`value` must have shape"):
+        IntrinsicRankEstimator("attention", value=np.eye(3)).fit(X, Y)
+    with pytest.raises(ValueError, match="features per token"):
+        IntrinsicRankEstimator("attention").fit(X, Y).transform(X[:, :, :3])
