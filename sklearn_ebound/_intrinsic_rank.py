@@ -43,6 +43,11 @@ def _orthonormal_directions(directions):
     return Q.T
 
 
+def _n_dims(X):
+    shape = getattr(X, "shape", None)
+    return len(shape) if shape is not None else np.asarray(X).ndim
+
+
 class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Intrinsic rank ``r*`` of a task, read from data before any model is trained.
 
@@ -196,7 +201,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         -------
         self : object
         """
-        self._sequences = np.ndim(X) == 3 or self.operator == "attention"
+        self._sequences = self.operator == "attention" or _n_dims(X) == 3
         if self._sequences:
             return self._fit_sequences(X, Y)
         if Y is None:
