@@ -56,16 +56,17 @@ class Moments:
         """Add the rows of one chunk; returns ``self``."""
         X = np.asarray(X, dtype=np.float64)
         Y = np.asarray(Y, dtype=np.float64)
-        n_b = X.shape[0]
+        n_b, p = X.shape
         if n_b == 0:
             return self
+        # One symmetric product of the stacked, centred chunk Z = [X_c, Y_c] gives all three
+        # blocks at once: Z^T Z = [[Cxx, Cxy], [Cyx, Cyy]] (a rank-k update, the cheapest GEMM).
+        Z = np.concatenate([X, Y], axis=1)
+        mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
-            mean_xb, mean_yb = X.mean(axis=0), Y.mean(axis=0)
-            X, Y = X - mean_xb, Y - mean_yb
-        else:
-            mean_xb, mean_yb = np.zeros(X.shape[1]), np.zeros(Y.shape[1])
-        # `X.T @ X` is recognised as a symmetric rank-k update (half the work of a GEMM).
-        other = Moments(n_b, mean_xb, mean_yb, X.T @ X, X.T @ Y, Y.T @ Y, self.center)
+            Z -= mean
+        G = Z.T @ Z
+        other = Moments(n_b, mean[:p], mean[p:], G[:p, :p], G[:p, p:], G[p:, p:], self.center)
         return self.merge(other)
 
     def merge(self, other):
