@@ -277,6 +277,9 @@ def test_fit_predict_score_and_history():
     assert Y_pred.shape == Y.shape and isinstance(Y_pred, np.ndarray)
     assert net.score(X, Y) == pytest.approx(r2_score(Y.ravel(), Y_pred.ravel()), abs=1e-6)
     assert net.score(X, Y) > 0.9
+    # sample_weight weighs whole sequences.
+    w = np.r_[np.ones(100), np.zeros(100)]
+    assert net.score(X, Y, sample_weight=w) == pytest.approx(net.score(X[:100], Y[:100]))
     losses = net.history_[:, "train_loss"]
     assert len(losses) == FAST["max_epochs"] and losses[0] > 2 * losses[-1]
     assert (net.n_features_in_, net.n_tokens_in_, net.n_outputs_) == (D, N_TOKENS, D)
@@ -364,7 +367,7 @@ def test_sequence_scorers():
     Y_pred = net.predict(X)
     mse = get_sequence_scorer("neg_mean_squared_error")(net, X, Y)
     assert mse == pytest.approx(-np.mean((Y - Y_pred) ** 2), rel=1e-5)
-    assert get_sequence_scorer("r2")(net, X, Y) == pytest.approx(net.score(X, Y))
+    assert get_sequence_scorer("r2")(net, X, Y) == pytest.approx(net.score(X, Y), abs=1e-12)
     mae = make_sequence_scorer(lambda a, b: np.abs(a - b).max(), greater_is_better=False)
     assert mae(net, X, Y) == pytest.approx(-np.abs(Y - Y_pred).max(), rel=1e-5)
     assert "neg_mean_squared_error" in get_sequence_scorer_names()

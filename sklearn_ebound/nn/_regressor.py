@@ -266,8 +266,9 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         score : float
         """
         check_is_fitted(self)
-        X, y = self._validate_sequences(X, y, reset=False)
-        y_pred = self.predict(X)
+        # The targets stay in float64: R^2 near 0 is sensitive to float32 round-off.
+        X, y = self._validate_sequences(X, y, reset=False, y_dtype=np.float64)
+        y_pred = self.predict(X).astype(np.float64)
         if sample_weight is not None:
             # One weight per sequence, repeated over its entries.
             sample_weight = np.repeat(np.asarray(sample_weight), y[0].size)
@@ -349,11 +350,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         return _forked_seed(seed)
 
-    def _validate_sequences(self, X, y=None, reset=True):
+    def _validate_sequences(self, X, y=None, reset=True, y_dtype=np.float32):
         """Check parameters and data; with ``reset`` record the sizes, else compare to them."""
         X = _check_sequences(X, "X")
         if y is not None:
-            y = _check_sequences(y, "y")
+            y = _check_sequences(y, "y", dtype=y_dtype)
             if y.shape[:2] != X.shape[:2]:
                 raise ValueError(
                     "`y` must have shape (n_samples, n_tokens, n_targets) with the same "
