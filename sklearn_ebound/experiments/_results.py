@@ -98,5 +98,7 @@ def _format_cell(value, floatfmt):
     if value is None:
         return "-"
     if isinstance(value, (float, np.floating)):
-        return str(float(value)) if not np.isfinite(value) else format(value, floatfmt)
+        if np.isnan(value):
+            return "-"
+        return str(float(value)) if np.isinf(value) else format(value, floatfmt)
     return str(value)
