@@ -20,7 +20,8 @@ class RankSweepResult(ResultTable):
     per token for sequences, summed over outputs), ``risk_std`` (spread over folds),
     ``excess_risk`` (risk minus the noise floor), ``bound`` (the tail energy ``T(r)`` where the
     operator's spectrum is known). Metadata: ``knee`` (the selected ``r*``: the smallest rank
-    whose risk is within one standard error of the best), ``noise_floor``, ``n_splits``.
+    whose risk is within the noise of the best; see :func:`rank_sweep`), ``noise_floor``,
+    ``n_splits``.
     """
 
 
@@ -29,7 +30,7 @@ def _outputs(Y):
 
 
 def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
-               singular_values=None, param_name="rank", verbose=0):
+               singular_values=None, param_name="rank", tolerance=0.01, verbose=0):
     """Sweep the rank of a model and locate the knee of its held-out risk.
 
     Built on :class:`~sklearn.model_selection.GridSearchCV`: ``n_jobs`` and any joblib backend
@@ -58,6 +59,11 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
         Spectrum of the true operator, for the bound ``T(r)``.
     param_name : str, default="rank"
         The estimator's rank parameter.
+    tolerance : float, default=0.01
+        Optimisation tolerance of the knee, as a fraction of the risk range (worst rank minus
+        best): the knee is the smallest rank whose risk is within one standard error of the
+        best, or within ``tolerance`` of the range above it. Trained models stop a little
+        short of their optimum; ``tolerance=0`` keeps the plain one-standard-error rule.
     verbose : int, default=0
         Passed to ``GridSearchCV``.
 
@@ -96,7 +102,8 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
         bound = np.full(len(ranks), np.nan)
     sem = risk_std / np.sqrt(max(n_splits - 1, 1))
     best = int(np.argmin(risk))
-    knee = ranks[int(np.flatnonzero(risk <= risk[best] + sem[best])[0])]
+    slack = max(sem[best], tolerance * (risk.max() - risk[best]))
+    knee = ranks[int(np.flatnonzero(risk <= risk[best] + slack)[0])]
     rows = [
         {"rank": r, "risk": m, "risk_std": s, "excess_risk": e, "bound": b}
         for r, m, s, e, b in zip(ranks, risk, risk_std, excess, bound, strict=True)
