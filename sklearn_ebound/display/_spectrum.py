@@ -1,0 +1,228 @@
+"""Display of a spectrum of singular values with the ranks read from it."""
+
+import numpy as np
+from sklearn.utils.validation import check_is_fitted
+
+from .._spectrum import energy_rank, entropy_rank, optimal_hard_threshold
+from ._matplotlib import import_pyplot, new_axes
+
+__all__ = ["SpectrumDisplay"]
+
+
+class SpectrumDisplay:
+    """Singular values with the energy rank, the entropy rank and the threshold marked.
+
+    The ``k``-th singular value is drawn at ``x = k`` (1-based). A vertical line at
+    ``x = r`` passes through the last value a rank ``r`` keeps: one for the energy rank at
+    level ``tau``, one for the entropy effective rank (a real number) and, where a threshold
+    is known, one for the threshold rank, with the threshold itself as a horizontal line.
+    The energy rank is the estimator of the intrinsic rank; the entropy rank drifts upwards
+    when small singular values are inflated, as softmax does.
+
+    Create it with :meth:`from_estimator` or :meth:`from_spectrum`; all parameters are stored
+    as attributes.
+
+    Parameters
+    ----------
+    singular_values : array-like of shape (n_values,)
+        The spectrum, drawn largest first.
+    energy_rank : int, default=None
+        Energy rank at level ``tau``.
+    entropy_rank : float, default=None
+        Entropy effective rank (Roy & Vetterli).
+    threshold : float, default=None
+        Cut on the singular values.
+    threshold_rank : int, default=None
+        Number of singular values above ``threshold``.
+    tau : float, default=0.99
+        Energy level of ``energy_rank``, quoted in the legend.
+    name : str, default=None
+        Legend label of the spectrum.
+
+    Attributes
+    ----------
+    line_ : matplotlib Line2D
+        The spectrum.
+    energy_rank_line_ : matplotlib Line2D or None
+        Vertical line at the energy rank.
+    entropy_rank_line_ : matplotlib Line2D or None
+        Vertical line at the entropy rank.
+    threshold_line_ : matplotlib Line2D or None
+        Horizontal line at the threshold.
+    threshold_rank_line_ : matplotlib Line2D or None
+        Vertical line at the threshold rank.
+    ax_ : matplotlib Axes
+        Axes with the spectrum.
+    figure_ : matplotlib Figure
+        Figure containing the spectrum.
+
+    See Also
+    --------
+    sklearn_ebound.energy_rank, sklearn_ebound.entropy_rank : The ranks marked.
+    sklearn_ebound.optimal_hard_threshold : The default threshold of :meth:`from_spectrum`.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from sklearn_ebound import IntrinsicRankEstimator
+    >>> from sklearn_ebound.datasets import make_static_task
+    >>> from sklearn_ebound.display import SpectrumDisplay
+    >>> X, Y = make_static_task(1000, 10, rank=3, noise=0.5, random_state=0)
+    >>> estimator = IntrinsicRankEstimator().fit(X, Y)
+    >>> display = SpectrumDisplay.from_estimator(estimator)
+    >>> display.threshold_rank == estimator.rank_
+    True
+    >>> plt.close("all")
+    """
+
+    def __init__(self, *, singular_values, energy_rank=None, entropy_rank=None, threshold=None,
+                 threshold_rank=None, tau=0.99, name=None):
+        self.singular_values = singular_values
+        self.energy_rank = energy_rank
+        self.entropy_rank = entropy_rank
+        self.threshold = threshold
+        self.threshold_rank = threshold_rank
+        self.tau = tau
+        self.name = name
+
+    def plot(self, ax=None, *, name=None, log_scale=False, line_kw=None):
+        """Draw the spectrum and its ranks.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes, default=None
+            Axes to draw on; ``None`` creates a new figure.
+        name : str, default=None
+            Legend label of the spectrum; ``None`` uses the ``name`` attribute.
+        log_scale : bool, default=False
+            Logarithmic y axis (zero singular values are then not drawn).
+        line_kw : dict, default=None
+            Keyword arguments of :meth:`matplotlib.axes.Axes.plot` for the spectrum.
+
+        Returns
+        -------
+        display : SpectrumDisplay
+            Object that stores the computed values and the matplotlib handles.
+        """
+        self.figure_, self.ax_ = new_axes(ax, f"{type(self).__name__}.plot")
+        ax = self.ax_
+        s = np.sort(np.asarray(self.singular_values, dtype=float))[::-1]
+        index = np.arange(1, s.size + 1)
+        name = self.name if name is None else name
+        (self.line_,) = ax.plot(index, s, **{"marker": "o", "label": name or "singular values",
+                                             **(line_kw or {})})
+        self.energy_rank_line_ = self.entropy_rank_line_ = None
+        self.threshold_line_ = self.threshold_rank_line_ = None
+        if self.energy_rank is not None:
+            self.energy_rank_line_ = ax.axvline(
+                self.energy_rank, color="tab:green", linestyle="--",
+                label=f"energy rank (tau={self.tau:g}) = {self.energy_rank}")
+        if self.entropy_rank is not None:
+            self.entropy_rank_line_ = ax.axvline(
+                self.entropy_rank, color="tab:purple", linestyle=":",
+                label=f"entropy rank = {self.entropy_rank:.2f}")
+        if self.threshold is not None:
+            self.threshold_line_ = ax.axhline(
+                self.threshold, color="tab:red", linestyle="-.", linewidth=1,
+                label=f"threshold = {self.threshold:.3g}")
+            if self.threshold_rank is not None:
+                self.threshold_rank_line_ = ax.axvline(
+                    self.threshold_rank, color="tab:red", linestyle="-.",
+                    label=f"threshold rank = {self.threshold_rank}")
+        if log_scale:
+            ax.set_yscale("log")
+        ax.set_xlabel("index k")
+        ax.set_ylabel("singular value s_k")
+        ax.legend(loc="upper right")
+        return self
+
+    @classmethod
+    def from_spectrum(cls, singular_values, *, tau=0.99, threshold="auto", sigma=None,
+                      shape=None, ax=None, name=None, **kwargs):
+        """Draw a spectrum with its energy, entropy and threshold ranks.
+
+        Parameters
+        ----------
+        singular_values : array-like of shape (n_values,)
+            Non-negative singular values, in any order.
+        tau : float, default=0.99
+            Energy level of the energy rank.
+        threshold : "auto", float or None, default="auto"
+            The cut. ``"auto"`` uses :func:`~sklearn_ebound.optimal_hard_threshold` with
+            ``sigma`` and ``shape``; ``None`` draws no threshold.
+        sigma : float, default=None
+            Noise level for the ``"auto"`` threshold; ``None`` estimates it from the median.
+        shape : tuple of int, default=None
+            ``(m, n)`` of the matrix the spectrum came from, for the ``"auto"`` threshold.
+        ax : matplotlib Axes, default=None
+            Axes to draw on; ``None`` creates a new figure.
+        name : str, default=None
+            Legend label of the spectrum.
+        **kwargs : dict
+            Passed to :meth:`plot`.
+
+        Returns
+        -------
+        display : SpectrumDisplay
+        """
+        import_pyplot(f"{cls.__name__}.from_spectrum")
+        s = np.asarray(singular_values, dtype=float)
+        if s.ndim != 1:
+            raise ValueError(
+                f"`singular_values` must be 1-D. Got an array of shape {s.shape} instead.")
+        if isinstance(threshold, str):
+            if threshold != "auto":
+                raise ValueError(
+                    f'`threshold` must be "auto", a number or None. Got {threshold!r} instead.')
+            threshold = optimal_hard_threshold(s, sigma, shape=shape)
+        display = cls(
+            singular_values=s,
+            energy_rank=energy_rank(s, tau),
+            entropy_rank=entropy_rank(s),
+            threshold=None if threshold is None else float(threshold),
+            threshold_rank=None if threshold is None else int(np.sum(s > threshold)),
+            tau=tau,
+            name=name,
+        )
+        return display.plot(ax=ax, **kwargs)
+
+    @classmethod
+    def from_estimator(cls, estimator, *, tau=None, ax=None, name=None, **kwargs):
+        """Draw the spectrum a fitted estimator read its rank from.
+
+        Parameters
+        ----------
+        estimator : IntrinsicRankEstimator
+            A fitted estimator with ``singular_values_`` and ``threshold_`` (such as
+            :class:`~sklearn_ebound.IntrinsicRankEstimator`).
+        tau : float, default=None
+            Energy level of the energy rank; ``None`` uses the estimator's ``tau`` (or 0.99).
+        ax : matplotlib Axes, default=None
+            Axes to draw on; ``None`` creates a new figure.
+        name : str, default=None
+            Legend label; ``None`` names the estimator and its criterion.
+        **kwargs : dict
+            Passed to :meth:`plot`.
+
+        Returns
+        -------
+        display : SpectrumDisplay
+        """
+        import_pyplot(f"{cls.__name__}.from_estimator")
+        check_is_fitted(estimator, "singular_values_")
+        tau = getattr(estimator, "tau", 0.99) if tau is None else tau
+        s = np.asarray(estimator.singular_values_, dtype=float)
+        threshold = getattr(estimator, "threshold_", None)
+        if name is None:
+            criterion = getattr(estimator, "criterion", None)
+            name = type(estimator).__name__ + (f" ({criterion})" if criterion else "")
+        display = cls(
+            singular_values=s,
+            energy_rank=energy_rank(s, tau),
+            entropy_rank=entropy_rank(s),
+            threshold=None if threshold is None else float(threshold),
+            threshold_rank=None if threshold is None else int(np.sum(s > threshold)),
+            tau=tau,
+            name=name,
+        )
+        return display.plot(ax=ax, **kwargs)
