@@ -96,7 +96,11 @@ def solve_static(moments, alpha=0.0):
     fitted_gram = (fitted_gram + fitted_gram.T) / 2
     evals, evecs = np.linalg.eigh(fitted_gram)
     order = np.argsort(evals)[::-1]
-    evals, evecs = np.clip(evals[order], 0, None), evecs[:, order]
+    evals, evecs = evals[order], evecs[:, order]
+    # Eigenvalues of a Gram are resolved to about eps * its largest one; below that they are
+    # rounding (whose square roots would pass for singular values of size sqrt(eps)).
+    resolution = 64 * len(evals) * np.finfo(np.float64).eps * max(evals[0] if evals.size else 0, 0)
+    evals = np.where(evals > resolution, evals, 0.0)
     # Deterministic signs: the largest entry of each direction is positive.
     signs = np.sign(evecs[np.argmax(np.abs(evecs), axis=0), np.arange(evecs.shape[1])])
     evecs *= np.where(signs == 0, 1, signs)
