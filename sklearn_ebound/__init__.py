@@ -7,6 +7,7 @@ the torch estimators in :mod:`sklearn_ebound.nn` are loaded on first use.
 from ._deficiency import excess_risk_curve
 from ._intrinsic_rank import IntrinsicRankEstimator
 from ._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV, rank_path_scores
+from ._scoring import get_sequence_scorer, get_sequence_scorer_names, make_sequence_scorer
 from ._spectrum import (
     energy_rank,
     entropy_rank,
@@ -18,7 +19,11 @@ from ._spectrum import (
 
 __version__ = "0.1.0"
 
-_LAZY_TORCH = {"LowRankAttentionRegressor": "sklearn_ebound.nn"}
+_LAZY_TORCH = {
+    "LowRankAttentionRegressor": "sklearn_ebound.nn",
+    "LowRankAttention": "sklearn_ebound.nn",
+    "StaticTokenMixer": "sklearn_ebound.nn",
+}
 
 
 def __getattr__(name):
@@ -42,5 +47,10 @@ __all__ = [
     "stable_rank",
     "tail_energy",
     "threshold_rank",
+    "make_sequence_scorer",
+    "get_sequence_scorer",
+    "get_sequence_scorer_names",
     "LowRankAttentionRegressor",
+    "LowRankAttention",
+    "StaticTokenMixer",
 ]

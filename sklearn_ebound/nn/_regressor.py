@@ -14,6 +14,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
 from torch.utils.data import Dataset as TorchDataset
 
 from .._spectrum import energy_rank
+from .._validation import check_sequences
 from ._modules import LowRankAttention, StaticTokenMixer
 
 __all__ = ["LowRankAttentionRegressor"]
@@ -27,22 +28,6 @@ def _forked_seed(seed):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
-
-
-def _check_sequences(array, name, dtype=np.float32):
-    """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError."""
-    array = check_array(
-        array, dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
-    )
-    if array.ndim != 3:
-        raise ValueError(
-            f"`{name}` must be a 3-D array of shape (n_samples, n_tokens, n_channels). Got an "
-            f"array of shape {array.shape} instead; a single sequence needs a leading axis of "
-            "length 1, scalar tokens a trailing one."
-        )
-    if min(array.shape) == 0:
-        raise ValueError(f"`{name}` must not have an empty axis. Got shape {array.shape}.")
-    return array
 
 
 class _Sequences(TorchDataset):
@@ -352,9 +337,9 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
 
     def _validate_sequences(self, X, y=None, reset=True, y_dtype=np.float32):
         """Check parameters and data; with ``reset`` record the sizes, else compare to them."""
-        X = _check_sequences(X, "X")
+        X = check_sequences(X, "X", dtype=np.float32)
         if y is not None:
-            y = _check_sequences(y, "y", dtype=y_dtype)
+            y = check_sequences(y, "y", dtype=y_dtype)
             if y.shape[:2] != X.shape[:2]:
                 raise ValueError(
                     "`y` must have shape (n_samples, n_tokens, n_targets) with the same "
