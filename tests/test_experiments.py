@@ -83,6 +83,21 @@ def test_frontier_linear_is_exact_and_identifiability_limits_the_unknown_value()
     assert json.loads(result.to_json())["rows"][2]["value_condition"] == "inf"
 
 
+def test_frontier_softmax_degrades_with_logit_scale_for_vocabulary_tokens():
+    result = predictability_frontier(attention=("softmax",), value_known=(True,),
+                                     vocabulary_sizes=(None, 24), n_tokens=(32,),
+                                     value_conditions=(1.0,), logit_scales=(0.5, 2.0, 8.0),
+                                     n_samples=300, n_repeats=6, random_state=0)
+    rate = {(r["vocabulary_size"], r["logit_scale"]): r["recovery_rate"] for r in result.rows}
+    print(result.format())
+    # Gaussian tokens: the query side stays identifiable at every scale (Stein's lemma).
+    assert rate[(None, 0.5)] == rate[(None, 2.0)] == rate[(None, 8.0)] == 1.0
+    # Vocabulary tokens: exact at small logits, degrading as the nonlinearity grows.
+    assert rate[(24, 0.5)] == 1.0
+    assert rate[(24, 2.0)] < 1.0
+    assert rate[(24, 8.0)] <= 0.5
+
+
 def test_recovery_experiment_energy_rank_holds():
     result = recovery_experiment(attention=("softmax",), logit_scales=(0.5, 8.0), seeds=[0],
                                  n_samples=200, n_tokens=8, n_features=5, rank=2)

@@ -87,6 +87,7 @@ def make_attention_task(
     singular_values=None,
     decay=1.0,
     noise=0.1,
+    vocabulary_size=None,
     random_state=None,
     return_params=False,
 ):
@@ -133,6 +134,12 @@ def make_attention_task(
         Geometric decay of the default singular values, in ``(0, 1]``.
     noise : float, default=0.1
         Standard deviation of each noise entry.
+    vocabulary_size : int, default=None
+        ``None`` draws every token from a standard normal law. An integer draws each token
+        uniformly from a fixed vocabulary of that many standard normal embedding vectors, as
+        language tokens are: a non-Gaussian token law, under which the softmax nonlinearity
+        leaks into directions outside the kernel's (Gaussian tokens are the special case in
+        which, by Stein's lemma, it cannot).
     random_state : int, RandomState instance or None, default=None
         Seed of the draw.
     return_params : bool, default=False
@@ -143,7 +150,8 @@ def make_attention_task(
     X : ndarray of shape (n_samples, n_tokens, n_features)
     Y : ndarray of shape (n_samples, n_tokens, n_targets)
     params : Bunch, only when ``return_params=True``
-        ``W_Q``, ``W_K`` (``d x r``), ``W`` (``d x d``), ``V`` (``d_out x d``),
+        ``vocabulary`` (the embeddings, or ``None``), ``W_Q``, ``W_K`` (``d x r``), ``W``
+        (``d x d``), ``V`` (``d_out x d``),
         ``singular_values`` (of ``W``, length ``d``), ``rank``, ``kind``, ``logit_scale``,
         ``noise``, and ``noise_floor = noise^2 * d_out``: the population risk of the true
         model per token, ``E ||y_i - f(X)_i||^2`` summed over the output channels (the mean
@@ -177,7 +185,13 @@ def make_attention_task(
     hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
     V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
 
-    X = rng.standard_normal((n_samples, n_tokens, n_features))
+    if vocabulary_size is None:
+        vocabulary = None
+        X = rng.standard_normal((n_samples, n_tokens, n_features))
+    else:
+        check_scalar(vocabulary_size, "vocabulary_size", Integral, min_val=1)
+        vocabulary = rng.standard_normal((vocabulary_size, n_features))
+        X = vocabulary[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
     # logits[s, i, j] = x_i^T W x_j
     logits = X @ W @ X.transpose(0, 2, 1)
     if kind == "linear":
@@ -190,6 +204,7 @@ def make_attention_task(
     full_s = np.zeros(n_features)
     full_s[:rank] = s
     params = Bunch(
+        vocabulary=vocabulary,
         W_Q=W_Q,
         W_K=W_K,
         W=W,

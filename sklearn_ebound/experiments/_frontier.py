@@ -18,7 +18,8 @@ __all__ = ["predictability_frontier", "FrontierResult", "conditioned_value_map"]
 class FrontierResult(ResultTable):
     """Recovery rate of the data-only attention-native rank over a grid.
 
-    Columns: ``attention``, ``value_known``, ``logit_scale``, ``n_tokens``,
+    Columns: ``attention``, ``value_known``, ``vocabulary_size`` (``None``: Gaussian tokens),
+    ``logit_scale``, ``n_tokens``,
     ``value_condition`` (condition number of the value map; ``inf`` when it annihilates a key
     direction of the kernel), ``noise``, ``recovery_rate`` (fraction of repeats with
     ``rank_ == r*``), ``mean_abs_error`` (mean ``|rank_ - r*|``).
@@ -35,7 +36,8 @@ def conditioned_value_map(n_features, condition, rng):
 def predictability_frontier(*, attention=("linear", "softmax"), value_known=(True, False),
                             logit_scales=(0.5, 1.0, 2.0, 4.0, 8.0), n_tokens=(16, 64),
                             value_conditions=(1.0, 10.0, np.inf), noises=(0.1,),
-                            n_samples=300, n_features=6, rank=2, n_repeats=5,
+                            vocabulary_sizes=(None, 32), n_samples=300, n_features=6, rank=2,
+                            n_repeats=5,
                             random_state=None, progress=None):
     """Recovery rate of :class:`~sklearn_ebound.IntrinsicRankEstimator` over a grid of tasks.
 
@@ -57,6 +59,10 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
         direction of the kernel (kernel–value identifiability).
     noises : sequence of float
         Noise standard deviations.
+    vocabulary_sizes : sequence of int or None, default=(None, 32)
+        Token laws: ``None`` for Gaussian tokens, an integer for tokens drawn from a fixed
+        vocabulary of that many embeddings (see
+        :func:`~sklearn_ebound.datasets.make_attention_task`).
     n_samples, n_features, rank, n_repeats : int
         Sequences per task, channels, planted rank, tasks per cell.
     random_state : int, RandomState instance or None, default=None
@@ -69,20 +75,21 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
     """
     rng = check_random_state(random_state)
     cells = []
-    for kind, known, n, cond, noise in itertools.product(attention, value_known, n_tokens,
-                                                         value_conditions, noises):
+    grid = itertools.product(attention, value_known, vocabulary_sizes, n_tokens,
+                             value_conditions, noises)
+    for kind, known, vocab, n, cond, noise in grid:
         for beta in (logit_scales if kind == "softmax" else [None]):
-            cells.append((kind, known, beta, n, cond, noise))
+            cells.append((kind, known, vocab, beta, n, cond, noise))
     rows = []
-    for done, (kind, known, beta, n, cond, noise) in enumerate(cells, start=1):
+    for done, (kind, known, vocab, beta, n, cond, noise) in enumerate(cells, start=1):
         estimates = []
         for _ in range(n_repeats):
             value = ("low_rank" if np.isinf(cond)
                      else conditioned_value_map(n_features, cond, rng))
             X, Y, params = make_attention_task(kind, n_samples, n, n_features, rank=rank,
                                                logit_scale=beta or 1.0, value=value,
-                                               noise=noise, random_state=rng,
-                                               return_params=True)
+                                               noise=noise, vocabulary_size=vocab,
+                                               random_state=rng, return_params=True)
             estimator = IntrinsicRankEstimator("attention", attention=kind,
                                                value=params.V if known else None)
             with warnings.catch_warnings():
@@ -90,7 +97,8 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
                 estimates.append(estimator.fit(X, Y).rank_)
         estimates = np.array(estimates)
         rows.append({
-            "attention": kind, "value_known": known, "logit_scale": beta, "n_tokens": n,
+            "attention": kind, "value_known": known, "vocabulary_size": vocab,
+            "logit_scale": beta, "n_tokens": n,
             "value_condition": cond, "noise": noise,
             "recovery_rate": float(np.mean(estimates == rank)),
             "mean_abs_error": float(np.mean(np.abs(estimates - rank))),
