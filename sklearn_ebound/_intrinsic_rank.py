@@ -128,7 +128,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         The cut applied to ``singular_values_`` (``"threshold"`` and ``"rsc"``).
     noise_variance_ : float or None
         Noise variance per target entry estimated from the residuals, where one was used.
-    components_ : ndarray of shape (rank_, n_features)
+    components_ : ndarray of shape (rank, n_features)
         Orthonormal input directions of the rank-``rank_`` operator, in order of importance;
         :meth:`transform` projects the centred inputs on them. For attention: the query
         directions (column space of ``W``); :meth:`transform` projects every token.
@@ -379,7 +379,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         Returns
         -------
-        X_new : ndarray of shape (n_samples, rank_) or (n_samples, n_tokens, rank_)
+        X_new : ndarray of shape (n_samples, rank) or (n_samples, n_tokens, rank)
         """
         check_is_fitted(self)
         if self._sequences:
