@@ -1,7 +1,7 @@
 """
-==================================================
+================================================
 Energy rank vs entropy rank under growing logits
-==================================================
+================================================
 
 Softmax distorts small singular values, and the entropy effective rank
 ``exp(H(p))``, ``p_i = s_i / sum_j s_j``, is sensitive to them: it moves with the logit scale

@@ -1,7 +1,7 @@
 """
-===========================================
+==========================================
 The interpolation ladder: what breaks rank
-===========================================
+==========================================
 
 Move from the static surrogate to softmax attention one property at a time and ask, at
 each rung, whether a static reading still recovers the planted rank:

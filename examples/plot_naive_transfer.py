@@ -1,7 +1,7 @@
 """
-======================================================
+=======================================================
 Why static rank fails for attention: the naive transfer
-======================================================
+=======================================================
 
 Attention mixes tokens with an input-conditioned matrix
 ``(1/n) X W X^T`` (linear) or ``softmax(X W X^T / sqrt(d))`` with the query–key kernel

@@ -1,7 +1,7 @@
 """
-======================================================
+=================================================
 Static data-only recovery: r* before any training
-======================================================
+=================================================
 
 The intrinsic rank can be read from data before any model is trained:
 :class:`~sklearn_ebound.IntrinsicRankEstimator` solves the second moments of the data for

@@ -1,7 +1,7 @@
 """
-=================================================
+===================================================
 Static deficiency and achievability: the bound T(r)
-=================================================
+===================================================
 
 A static linear task ``Y = X B + E`` has intrinsic rank ``r*``: the number of non-zero
 singular values ``s_k`` of ``Sigma_X^{1/2} B``. The best model of rank ``r < r*`` keeps a

@@ -1,7 +1,7 @@
 """
-=============================================
+===================================
 Static recovery by gradient descent
-=============================================
+===================================
 
 Factorise the token-mixing matrix ``M = A B^T`` with full inner width (``k = n``), start
 from a small initialisation and run gradient descent. The implicit bias of factorised
