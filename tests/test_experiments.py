@@ -74,7 +74,8 @@ def test_interpolation_ladder_localises_the_failure():
 
 def test_frontier_linear_is_exact_and_identifiability_limits_the_unknown_value():
     result = predictability_frontier(attention=("linear",), n_tokens=(64,),
-                                     vocabulary_sizes=(None,), value_conditions=(1.0, 10.0, np.inf), n_samples=200,
+                                     vocabulary_sizes=(None,),
+                                     value_conditions=(1.0, 10.0, np.inf), n_samples=200,
                                      n_features=6, rank=2, n_repeats=3, random_state=0)
     rows = {(r["value_known"], r["value_condition"]): r["recovery_rate"] for r in result.rows}
     assert rows[(True, 1.0)] == rows[(True, 10.0)] == rows[(True, np.inf)] == 1.0
