@@ -56,6 +56,8 @@ sphinx_gallery_conf = {
     "reset_modules": ("matplotlib",),
     "within_subsection_order": "FileNameSortKey",
     "remove_config_comments": True,
+    # No sg_execution_times.rst in the source folder.
+    "write_computation_times": False,
 }
 
 

@@ -1,5 +1,7 @@
 """Display objects: what they draw, the handles they keep, and their errors."""
 
+import doctest
+import importlib
 import sys
 
 import numpy as np
@@ -208,3 +210,13 @@ def no_matplotlib(monkeypatch):
 def test_clear_error_without_matplotlib(no_matplotlib, call):
     with pytest.raises(ImportError, match=r'requires matplotlib.*sklearn-ebound\[plot\]'):
         call()
+
+
+# Docstring examples ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["_sweep", "_spectrum", "_frontier"])
+def test_docstring_examples_run(module):
+    module = importlib.import_module(f"sklearn_ebound.display.{module}")
+    failures, attempted = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert attempted and not failures

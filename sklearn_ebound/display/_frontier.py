@@ -83,7 +83,8 @@ class FrontierDisplay:
     >>> from sklearn_ebound.display import FrontierDisplay
     >>> result = predictability_frontier(
     ...     attention=["softmax"], value_known=[True], logit_scales=[0.5, 4.0],
-    ...     n_tokens=[8, 16], value_conditions=[1.0], n_samples=100, n_repeats=2,
+    ...     n_tokens=[8, 16], value_conditions=[1.0], vocabulary_sizes=[None],
+    ...     n_samples=100, n_repeats=2,
     ...     random_state=0)
     >>> display = FrontierDisplay.from_result(result, x="logit_scale", y="n_tokens")
     >>> display.values.shape
