@@ -1,5 +1,6 @@
 """Data-only intrinsic rank: read ``r*`` from data before training any model."""
 
+import copy
 import warnings
 from numbers import Real
 
@@ -14,7 +15,8 @@ from sklearn.utils import check_array
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._attention_operators import per_token_data, qk_kernel_least_squares, token_mixing_data
+from ._attention_operators import KernelMoments, per_token_data, token_mixing_data
+from ._dask import dask_sample_blocks, is_dask_array, tree_merge
 from ._moments import Moments
 from ._operators import canonical_correlations, null_edge_canonical, solve_static
 from ._reduced_rank import rank_path_scores
@@ -23,6 +25,10 @@ from ._validation import check_sequence_pair, check_sequences
 from .exceptions import RankEstimationWarning
 
 __all__ = ["IntrinsicRankEstimator"]
+
+
+class _NotEnoughData(ValueError):
+    """Too few samples so far to read a rank (partial_fit waits for more)."""
 
 
 def _one_standard_error_rank(ranks, scores):
@@ -193,6 +199,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or (n_samples, n_tokens, n_features)
+            Also a dask array, whose moments are then computed as dask reductions on any
+            scheduler (a ``dask.distributed`` cluster included).
         Y : array-like of shape (n_samples, n_targets) or (n_samples, n_tokens, n_targets), \
                 default=None
             Targets; without them the rank of ``X`` itself is read (2-D data only).
@@ -201,34 +209,173 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         -------
         self : object
         """
-        self._sequences = self.operator == "attention" or _n_dims(X) == 3
-        if self._sequences:
-            return self._fit_sequences(X, Y)
-        if Y is None:
-            X = validate_data(self, X, ensure_min_samples=2, dtype=np.float64)
-            return self._fit_inputs_only(X)
-        X, Y = validate_data(self, X, Y, multi_output=True, y_numeric=True,
-                             ensure_min_samples=2, dtype=np.float64)
-        Y = Y if Y.ndim == 2 else Y[:, None]
-        return self._fit_static(X, Y)
+        self._statistics = None
+        if is_dask_array(X):
+            self._accumulate_dask(X, Y)
+            return self._read()
+        self._accumulate(X, Y, min_samples=2)
+        if self.criterion == "cv":
+            return self._read(cv_data=self._cv_data(X, Y))
+        return self._read()
 
-    def _fit_sequences(self, X, Y):
+    def partial_fit(self, X, Y=None):
+        """Add a chunk of data and re-read the rank from everything seen so far.
+
+        The accumulated second moments equal those of one :meth:`fit` on all the chunks, so
+        the result is the same (to rounding) with memory independent of the number of samples.
+        Chunks of any size work, a single row or sequence included: until the chunks hold
+        enough samples to read a rank (two, or more for ``criterion="rsc"``), ``rank_`` is not
+        set. ``criterion="cv"`` needs all the data at once and is not available.
+
+        Parameters
+        ----------
+        X, Y : array-like
+            As in :meth:`fit`; every chunk must have the same number of features (and tokens).
+
+        Returns
+        -------
+        self : object
+        """
+        if getattr(self, "_statistics", None) is None:
+            self._validate_params()
+            self._statistics = None
+        if self.criterion == "cv":
+            raise ValueError("criterion='cv' scores held-out folds of all the data and cannot "
+                             "be accumulated; use fit, or another criterion with partial_fit.")
+        self._accumulate(X, Y, min_samples=1)
+        self.n_samples_seen_ = self._n_samples_seen()
+        try:
+            return self._read()
+        except _NotEnoughData:
+            return self  # the rank is read once enough chunks have arrived
+
+    def _n_samples_seen(self):
+        statistics = self._statistics
+        return statistics.n_sequences if self._fit_mode == "kernel" else statistics.n
+
+    # --- accumulation of statistics ------------------------------------------------------
+
+    def _mode(self, X, Y):
+        """Which statistics the data feed: fixed at the first chunk."""
+        if self.operator == "attention" or _n_dims(X) == 3:
+            if Y is None:
+                raise ValueError("Sequence data (3-D `X`) needs the target sequences `Y`.")
+            if self.operator == "static":
+                return "token_mixing"
+            return "per_token" if self.value is None else "kernel"
+        return "inputs" if Y is None else "static"
+
+    def _accumulate(self, X, Y, min_samples):
+        first = self._statistics is None
+        mode = self._mode(X, Y) if first else self._fit_mode
+        if not first and (Y is None) != (mode == "inputs"):
+            raise ValueError("Every chunk must come with targets `Y`, or none of them.")
+        if mode in ("inputs", "static"):
+            X2, Y2 = self._validate_2d(X, Y, first, min_samples)
+        else:
+            X2, Y2 = self._validate_sequences(X, Y, first)
+        if first:
+            self._fit_mode = mode
+            self._statistics = self._new_statistics(X2, Y2)
+        self._statistics.update(*self._statistic_rows(X2, Y2))
+
+    def _validate_2d(self, X, Y, reset, min_samples):
+        self._sequences = False
         if Y is None:
-            raise ValueError("Sequence data (3-D `X`) needs the target sequences `Y`.")
+            X = validate_data(self, X, reset=reset, ensure_min_samples=min_samples,
+                              dtype=np.float64)
+            return X, np.zeros((X.shape[0], 0))
+        X, Y = validate_data(self, X, Y, reset=reset, multi_output=True, y_numeric=True,
+                             ensure_min_samples=min_samples, dtype=np.float64)
+        Y = Y if Y.ndim == 2 else Y[:, None]
+        if not reset and Y.shape[1] != self._n_targets:
+            raise ValueError(f"Y has {Y.shape[1]} targets, but {type(self).__name__} was fitted "
+                             f"with {self._n_targets}.")
+        self._n_targets = Y.shape[1]
+        return X, Y
+
+    def _validate_sequences(self, X, Y, reset):
+        self._sequences = True
         X, Y = check_sequence_pair(X, Y)
-        self.n_features_in_ = X.shape[2]
-        if self.operator == "static":
+        if reset:
+            self.n_features_in_ = X.shape[2]
+            self._sequence_shape = (X.shape[1], Y.shape[2])
+        elif (X.shape[2],) + (X.shape[1], Y.shape[2]) != (self.n_features_in_,) + tuple(
+                self._sequence_shape):
+            raise ValueError(
+                f"Every chunk must have {self._sequence_shape[0]} tokens, "
+                f"{self.n_features_in_} features and {self._sequence_shape[1]} targets. Got "
+                f"X {X.shape} and Y {Y.shape}.")
+        return X, Y
+
+    def _statistic_rows(self, X, Y):
+        """The rows the statistics are made of, for one validated chunk."""
+        if self._fit_mode == "token_mixing":
             # The naive transfer: one token-mixing matrix shared by all sequences.
-            return self._fit_static(*token_mixing_data(X, Y))
-        value = self._value_map(X.shape[2], Y.shape[2])
-        if value is None:
-            Xt, Yt = per_token_data(X, Y, center_sequences=self.attention == "softmax")
-            self._fit_static(Xt, Yt)
-            return self._cap_by_energy(self.rank_)
-        if self.criterion in ("rsc", "cv"):
-            raise ValueError(f"criterion={self.criterion!r} is not available with a known value "
-                             "map; use 'threshold' or 'energy'.")
-        fit = qk_kernel_least_squares(X, Y, value, self.attention)
+            return token_mixing_data(X, Y)
+        if self._fit_mode == "per_token":
+            return per_token_data(X, Y, center_sequences=self.attention == "softmax")
+        return X, Y
+
+    def _new_statistics(self, X, Y):
+        if self._fit_mode == "kernel":
+            if self.criterion in ("rsc", "cv"):
+                raise ValueError(f"criterion={self.criterion!r} is not available with a known "
+                                 "value map; use 'threshold' or 'energy'.")
+            return KernelMoments(self._value_map(X.shape[2], Y.shape[2]), self.attention)
+        X2, Y2 = self._statistic_rows(X[:1], Y[:1])
+        return Moments.empty(X2.shape[1], Y2.shape[1], center=self.fit_intercept)
+
+    def _accumulate_dask(self, X, Y):
+        """Statistics of dask arrays: one task per block of samples, merged as a tree."""
+        import dask
+
+        mode = self._mode(X, Y)
+        sequences = mode not in ("inputs", "static")
+        blocks_x, blocks_y = dask_sample_blocks(X, Y)
+        # Validate and size from the first block, then reduce every block on the cluster.
+        first_x = blocks_x[0].compute() if hasattr(blocks_x[0], "compute") else blocks_x[0]
+        first_y = None if Y is None else blocks_y[0].compute()
+        X0, Y0 = (self._validate_sequences(first_x, first_y, True) if sequences
+                  else self._validate_2d(first_x, first_y, True, 1))
+        self._fit_mode = mode
+        template = self._new_statistics(X0, Y0)
+
+        def block_statistics(xb, yb):
+            xb, yb = (self._validate_sequences(xb, yb, False) if sequences
+                      else self._validate_2d(xb, yb, False, 1))
+            statistics = copy.deepcopy(template)
+            return statistics.update(*self._statistic_rows(xb, yb))
+
+        parts = [dask.delayed(block_statistics)(bx, by)
+                 for bx, by in zip(blocks_x, blocks_y, strict=True)]
+        self._statistics = dask.compute(tree_merge(parts))[0]
+        if X.shape[0] < 2:
+            raise ValueError(f"Found array with {X.shape[0]} sample(s) while a minimum of 2 is "
+                             "required.")
+
+    def _cv_data(self, X, Y):
+        X2, Y2 = self._validate_2d(X, Y, reset=False, min_samples=2)
+        return self._statistic_rows(X2, Y2)
+
+    # --- reading the rank from the statistics --------------------------------------------
+
+    def _read(self, cv_data=None):
+        statistics = self._statistics
+        if self._fit_mode == "kernel":
+            return self._read_kernel(statistics)
+        if statistics.n < 2:
+            raise _NotEnoughData("At least 2 samples are needed to read a rank; got "
+                                 f"{statistics.n} so far.")
+        if self._fit_mode == "inputs":
+            return self._read_inputs(statistics)
+        self._read_static(statistics, cv_data)
+        if self._fit_mode == "per_token":
+            self._cap_by_energy(self.rank_)
+        return self
+
+    def _read_kernel(self, statistics):
+        fit = statistics.solve()
         U, s, _ = np.linalg.svd(fit.kernel)
         self.qk_kernel_ = fit.kernel
         self.logit_rms_ = fit.logit_rms
@@ -241,7 +388,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             self.threshold_ = float(fit.threshold)
             rank, spectrum = fit.rank, fit.singular_values
         self.rank_ = int(rank)
-        self.mean_ = np.zeros(X.shape[2])
+        self.mean_ = np.zeros(self.n_features_in_)
         self.singular_values_ = spectrum
         self.explained_energy_ = s**2 / np.sum(s**2) if s[0] > 0 else np.zeros_like(s)
         self.components_ = U[:, : self.rank_].T.copy()
@@ -250,7 +397,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 warnings.warn(
                     f"The fitted attention logits have root-mean-square {self.logit_rms_:.2f} > 1: "
                     "the linearisation of the softmax is strained and the rank may be wrong.",
-                    RankEstimationWarning, stacklevel=3)
+                    RankEstimationWarning, stacklevel=4)
             self._cap_by_energy(self.rank_, s)
         return self
 
@@ -277,37 +424,36 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 self.components_ = self.components_[: self.rank_]
         return self
 
-    def _fit_inputs_only(self, X):
+    def _read_inputs(self, moments):
         if self.criterion in ("rsc", "cv"):
             raise ValueError(f"criterion={self.criterion!r} needs targets `Y`; pass Y or use "
                              "criterion='threshold' or 'energy' to read the rank of X.")
-        moments = Moments.from_arrays(X, np.zeros((X.shape[0], 0)), center=self.fit_intercept)
+        n_features = moments.xx.shape[0]
         evals, evecs = np.linalg.eigh(moments.xx)
         evals, evecs = np.clip(evals[::-1], 0, None), evecs[:, ::-1]
-        s = np.sqrt(evals)[: min(moments.dof, X.shape[1])]
+        s = np.sqrt(evals)[: min(moments.dof, n_features)]
         self.threshold_ = self.noise_variance_ = None
         if self.criterion == "energy":
             rank = energy_rank(s, self.tau) if s.size else 0
         else:
-            shape = (max(moments.dof, 1), X.shape[1])
+            shape = (max(moments.dof, 1), n_features)
             self.threshold_ = optimal_hard_threshold(s, shape=shape) / np.sqrt(moments.n)
             rank = int(np.sum(s / np.sqrt(moments.n) > self.threshold_))
         self._set_common(moments, s, rank, evecs[:, :rank], s / np.sqrt(moments.n))
         return self
 
-    def _fit_static(self, X, Y):
-        moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
+    def _read_static(self, moments, cv_data=None):
         operator = solve_static(moments)
-        s = operator.fitted_singular_values[: min(operator.input_rank, Y.shape[1])]
-        n_targets = Y.shape[1]
+        n_features, n_targets = moments.xy.shape
+        s = operator.fitted_singular_values[: min(operator.input_rank, n_targets)]
         self.threshold_ = self.noise_variance_ = None
         spectrum = s / np.sqrt(moments.n)
         if self.criterion == "energy":
             rank = energy_rank(s, self.tau) if s.size and s[0] > 0 else 0
         elif self.criterion == "cv":
-            bound = min(X.shape[1], n_targets)
-            ranks = np.arange(bound + 1)
-            scores = rank_path_scores(X, Y, ranks, cv=self.cv, scoring="neg_mean_squared_error",
+            ranks = np.arange(min(n_features, n_targets) + 1)
+            scores = rank_path_scores(*cv_data, ranks, cv=self.cv,
+                                      scoring="neg_mean_squared_error",
                                       fit_intercept=self.fit_intercept)
             self.cv_results_ = {"rank": ranks, "mean_test_score": scores.mean(axis=0),
                                 "std_test_score": scores.std(axis=0)}
@@ -327,7 +473,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _residual_sigma(self, operator):
         if operator.residual_dof < 1:
-            raise ValueError(
+            raise _NotEnoughData(
                 f"criterion={self.criterion!r} estimates the noise from the residuals and needs "
                 "n_samples > rank(X) + 1 (with fit_intercept). Got no residual degrees of freedom."
             )
@@ -346,7 +492,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             warnings.warn(
                 "Too few samples to whiten the noise (need n_samples > n_features + n_targets "
                 "+ 1); assuming white noise with the residual variance.",
-                RankEstimationWarning, stacklevel=3)
+                RankEstimationWarning, stacklevel=4)
             sigma = self._residual_sigma(operator)
             shape = (max(operator.input_rank, 1), n_targets)
             cut = optimal_hard_threshold(s, sigma, shape=shape, is_spectrum=True)
@@ -354,7 +500,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             warnings.warn(
                 "No residual degrees of freedom: the noise level is estimated from the median "
                 "singular value, which assumes the rank is small.",
-                RankEstimationWarning, stacklevel=3)
+                RankEstimationWarning, stacklevel=4)
             shape = (max(operator.input_rank, 1), n_targets)
             cut = optimal_hard_threshold(s, shape=shape) if s.size else 0.0
         self.threshold_ = cut / np.sqrt(moments.n)

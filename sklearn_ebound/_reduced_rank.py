@@ -152,8 +152,41 @@ class ReducedRankRegressor(_ReducedRankBase):
         X, Y = _validate_xy(self, X, y)
         rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
         _check_rank_bound(rank, X.shape[1], Y.shape[1])
-        moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
-        return self._set_operator(moments, solve_static(moments, self.alpha), rank)
+        self._moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
+        return self._set_operator(self._moments, solve_static(self._moments, self.alpha), rank)
+
+    def partial_fit(self, X, y):
+        """Add a chunk of rows and refit from the moments of everything seen so far.
+
+        Equal (to rounding) to one :meth:`fit` on all the chunks, with memory independent of
+        the number of rows; chunks of any size work, a single row included.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples, n_targets) or (n_samples,)
+
+        Returns
+        -------
+        self : object
+        """
+        first = getattr(self, "_moments", None) is None
+        if first:
+            self._validate_params()
+        X, y = validate_data(self, X, y, reset=first, multi_output=True, y_numeric=True,
+                             dtype=np.float64)
+        Y = y if y.ndim == 2 else y[:, None]
+        if first:
+            self._y_2d = y.ndim == 2
+            rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
+            _check_rank_bound(rank, X.shape[1], Y.shape[1])
+            self._moments = Moments.empty(X.shape[1], Y.shape[1], center=self.fit_intercept)
+        elif Y.shape[1] != self._moments.xy.shape[1]:
+            raise ValueError(f"y has {Y.shape[1]} targets, but {type(self).__name__} was fitted "
+                             f"with {self._moments.xy.shape[1]}.")
+        self._moments.update(X, Y)
+        rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
+        return self._set_operator(self._moments, solve_static(self._moments, self.alpha), rank)
 
 
 _PATH_SCORINGS = ("r2", "neg_mean_squared_error")

@@ -1,0 +1,113 @@
+"""partial_fit: accumulated moments give the result of one fit, for any chunk size."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor
+from sklearn_ebound.datasets import make_attention_task, make_static_task
+
+# Early chunks hold too few samples to whiten the noise: the estimator warns, as it should.
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn_ebound.exceptions.RankEstimationWarning")
+
+
+def _chunks(n, sizes):
+    start = 0
+    for size in sizes:
+        if start >= n:
+            return
+        yield slice(start, min(start + size, n))
+        start += size
+    if start < n:
+        yield slice(start, n)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 90), min_size=1, max_size=12))
+def test_partial_fit_equals_fit_for_any_chunks(sizes):
+    X, Y = make_static_task(300, 8, 6, rank=3, noise=0.3, input_correlation=0.4,
+                            random_state=0)
+    X = X + 50.0  # a large mean stresses the pairwise centring
+    full = IntrinsicRankEstimator().fit(X, Y)
+    streamed = IntrinsicRankEstimator()
+    for part in _chunks(len(X), sizes):
+        streamed.partial_fit(X[part], Y[part])
+    assert streamed.rank_ == full.rank_
+    np.testing.assert_allclose(streamed.singular_values_, full.singular_values_, rtol=1e-10)
+    np.testing.assert_allclose(streamed.components_, full.components_, rtol=1e-8, atol=1e-10)
+    rrr_full = ReducedRankRegressor(rank=3).fit(X, Y)
+    rrr = ReducedRankRegressor(rank=3)
+    for part in _chunks(len(X), sizes):
+        rrr.partial_fit(X[part], Y[part])
+    np.testing.assert_allclose(rrr.coef_, rrr_full.coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(rrr.intercept_, rrr_full.intercept_, rtol=1e-10, atol=1e-10)
+
+
+def test_single_rows_work():
+    X, Y = make_static_task(60, 4, rank=2, noise=0.1, random_state=1)
+    est = IntrinsicRankEstimator(criterion="rsc").partial_fit(X[:1], Y[:1])
+    assert not hasattr(est, "rank_") and est.n_samples_seen_ == 1  # read once enough arrive
+    with pytest.raises(ValueError, match="minimum of 2 is required"):
+        IntrinsicRankEstimator().fit(X[:1], Y[:1])
+    for i in range(1, 60):
+        est.partial_fit(X[i:i + 1], Y[i:i + 1])
+    full = IntrinsicRankEstimator(criterion="rsc").fit(X, Y)
+    assert est.rank_ == full.rank_ == 2
+    np.testing.assert_allclose(est.singular_values_, full.singular_values_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"operator": "attention", "attention": "linear", "value": "identity"},
+    {"operator": "attention", "attention": "softmax", "value": "identity"},
+    {"operator": "attention", "attention": "linear"},
+    {"operator": "static"},
+])
+def test_partial_fit_on_sequences(kwargs):
+    X, Y = make_attention_task(kwargs.get("attention", "linear"), 90, 16, 4, rank=2,
+                               noise=0.05, random_state=0)
+    full = IntrinsicRankEstimator(**kwargs).fit(X, Y)
+    streamed = IntrinsicRankEstimator(**kwargs)
+    for part in _chunks(len(X), [1, 7, 30, 52]):
+        streamed.partial_fit(X[part], Y[part])
+    assert streamed.rank_ == full.rank_
+    np.testing.assert_allclose(streamed.singular_values_, full.singular_values_, rtol=1e-9)
+
+
+def test_partial_fit_checks_consistency():
+    X, Y = make_static_task(40, 5, 3, rank=1, random_state=0)
+    est = IntrinsicRankEstimator().partial_fit(X, Y)
+    with pytest.raises(ValueError, match="features"):
+        est.partial_fit(X[:, :4], Y)
+    with pytest.raises(ValueError, match="targets"):
+        est.partial_fit(X, Y[:, :2])
+    with pytest.raises(ValueError, match="cannot be accumulated"):
+        IntrinsicRankEstimator(criterion="cv").partial_fit(X, Y)
+    Xs, Ys = make_attention_task("linear", 10, 8, 4, rank=1, random_state=0)
+    seq = IntrinsicRankEstimator("attention", value="identity").partial_fit(Xs, Ys)
+    with pytest.raises(ValueError, match="tokens"):
+        seq.partial_fit(Xs[:, :4], Ys[:, :4])
+    rrr = ReducedRankRegressor(rank=1).partial_fit(X, Y)
+    with pytest.raises(ValueError, match="targets"):
+        rrr.partial_fit(X, Y[:, :2])
+
+
+def test_fit_resets_partial_state():
+    X, Y = make_static_task(100, 5, rank=2, noise=0.1, random_state=0)
+    est = IntrinsicRankEstimator().partial_fit(X[:50], Y[:50])
+    est.fit(X[50:], Y[50:])
+    np.testing.assert_allclose(est.singular_values_,
+                               IntrinsicRankEstimator().fit(X[50:], Y[50:]).singular_values_)
+
+
+def test_large_kernel_is_solved_without_the_dense_normal_matrix():
+    from sklearn_ebound._attention_operators import KernelMoments
+
+    X, Y, params = make_attention_task("linear", 300, 12, 9, rank=3, value="random",
+                                       noise=0.05, random_state=0, return_params=True)
+    moments = KernelMoments(params.V, "linear").update(X, Y)
+    d = 9
+    assert moments.C.shape == (d * (d + 1) // 2,) * 2  # compressed: a quarter of d^4
+    dense, iterative = moments.solve(), moments.solve(dense_limit=0)
+    np.testing.assert_allclose(iterative.kernel, dense.kernel, rtol=1e-7, atol=1e-9)
+    assert iterative.rank == dense.rank == 3
