@@ -195,6 +195,23 @@ def _load_data(args):
     return X, Y
 
 
+def _stream(estimator, X, Y, chunk_rows):
+    """partial_fit over a memory-mapped file, one chunk of rows in memory at a time."""
+    if Y is not None and len(Y) != len(X):
+        raise CLIError(f"X has {len(X)} samples but Y has {len(Y)}")
+    if chunk_rows is None:
+        # About 64 MB of float64 per chunk.
+        row_values = int(np.prod(X.shape[1:])) + (int(np.prod(Y.shape[1:])) if Y is not None
+                                                   else 0)
+        chunk_rows = max(1, (64 << 20) // (8 * max(row_values, 1)))
+    progress = _Progress("reading")
+    for start in range(0, len(X), chunk_rows):
+        stop = min(start + chunk_rows, len(X))
+        estimator.partial_fit(np.asarray(X[start:stop], dtype=np.float64),
+                              None if Y is None else np.asarray(Y[start:stop], dtype=np.float64))
+        progress(stop, len(X))
+
+
 def _estimate(args):
     from . import IntrinsicRankEstimator
 
@@ -204,8 +221,13 @@ def _estimate(args):
                                        criterion=args.criterion, tau=args.tau)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        estimator.fit(np.asarray(X, dtype=np.float64),
-                      None if Y is None else np.asarray(Y, dtype=np.float64))
+        if isinstance(X, np.memmap) and args.criterion != "cv":
+            _stream(estimator, X, Y, args.chunk_rows)
+        else:
+            estimator.fit(np.asarray(X, dtype=np.float64),
+                          None if Y is None else np.asarray(Y, dtype=np.float64))
+        if not hasattr(estimator, "rank_"):
+            raise CLIError(f"too few samples ({len(X)}) to read a rank")
     notes = [str(w.message) for w in caught if "sklearn_ebound" in (w.filename or "")
              or w.category.__module__.startswith("sklearn_ebound")]
     payload = {
@@ -367,7 +389,8 @@ def _parser():
     estimate = commands.add_parser(
         "estimate", help="the intrinsic rank of your own data",
         description="Read r* from your data: DATA is an .npz with arrays X and Y (names set by "
-                    "--x-name/--y-name), an .npy of X with --targets Y.npy, or a .csv with a "
+                    "--x-name/--y-name), an .npy of X with --targets Y.npy (memory-mapped and "
+                    "read in chunks, so files larger than memory work), or a .csv with a "
                     "header whose last --n-targets columns are the targets. 3-D arrays are "
                     "sequences (n_samples, n_tokens, n_channels). Files are read without "
                     "unpickling.")
@@ -383,6 +406,9 @@ def _parser():
     estimate.add_argument("--criterion", choices=["threshold", "rsc", "cv", "energy"],
                           default="threshold")
     estimate.add_argument("--tau", type=float, default=0.99, help="energy level")
+    estimate.add_argument("--chunk-rows", type=_positive_int, default=None,
+                          help=".npy input is memory-mapped and read this many rows at a time "
+                               "(default: about 64 MB per chunk)")
     _common(estimate, json_only=True)
     estimate.set_defaults(run=_estimate)
 
