@@ -17,7 +17,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._attention_operators import KernelMoments, per_token_data, token_mixing_data
 from ._dask import dask_sample_blocks, is_dask_array, tree_merge
-from ._moments import Moments
+from ._moments import Moments, power_of_two_scale
 from ._operators import canonical_correlations, null_edge_canonical, solve_static
 from ._reduced_rank import rank_path_scores
 from ._spectrum import energy_rank, optimal_hard_threshold
@@ -277,6 +277,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if first:
             self._fit_mode = mode
             self._statistics = self._new_statistics(X2, Y2)
+        if mode == "kernel":
+            # The kernel statistics are cubic in X: scale the chunk itself (exact powers of 2).
+            X2, Y2 = X2 / self._scales[0], Y2 / self._scales[1]
         self._statistics.update(*self._statistic_rows(X2, Y2))
 
     def _validate_2d(self, X, Y, reset, min_samples):
@@ -318,13 +321,18 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         return X, Y
 
     def _new_statistics(self, X, Y):
+        # Scales fixed by the first chunk keep the products of extreme data finite.
+        self._scales = (power_of_two_scale(X), power_of_two_scale(Y))
         if self._fit_mode == "kernel":
+            # The value map V takes X's units to Y's: one common scale keeps it valid.
+            self._scales = (max(self._scales),) * 2
             if self.criterion in ("rsc", "cv"):
                 raise ValueError(f"criterion={self.criterion!r} is not available with a known "
                                  "value map; use 'threshold' or 'energy'.")
             return KernelMoments(self._value_map(X.shape[2], Y.shape[2]), self.attention)
         X2, Y2 = self._statistic_rows(X[:1], Y[:1])
-        return Moments.empty(X2.shape[1], Y2.shape[1], center=self.fit_intercept)
+        return Moments.empty(X2.shape[1], Y2.shape[1], center=self.fit_intercept,
+                             scale_x=self._scales[0], scale_y=self._scales[1])
 
     def _accumulate_dask(self, X, Y):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
@@ -345,6 +353,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             xb, yb = (self._validate_sequences(xb, yb, False) if sequences
                       else self._validate_2d(xb, yb, False, 1))
             statistics = copy.deepcopy(template)
+            if mode == "kernel":
+                xb, yb = xb / self._scales[0], yb / self._scales[1]
             return statistics.update(*self._statistic_rows(xb, yb))
 
         parts = [dask.delayed(block_statistics)(bx, by)
@@ -356,22 +366,47 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _cv_data(self, X, Y):
         X2, Y2 = self._validate_2d(X, Y, reset=False, min_samples=2)
-        return self._statistic_rows(X2, Y2)
+        X2, Y2 = self._statistic_rows(X2, Y2)
+        return X2 / self._scales[0], Y2 / self._scales[1]
 
     # --- reading the rank from the statistics --------------------------------------------
 
     def _read(self, cv_data=None):
         statistics = self._statistics
+        self._spectrum_unit = "y"  # the unit of singular_values_ and threshold_
         if self._fit_mode == "kernel":
-            return self._read_kernel(statistics)
-        if statistics.n < 2:
-            raise _NotEnoughData("At least 2 samples are needed to read a rank; got "
-                                 f"{statistics.n} so far.")
-        if self._fit_mode == "inputs":
-            return self._read_inputs(statistics)
-        self._read_static(statistics, cv_data)
-        if self._fit_mode == "per_token":
-            self._cap_by_energy(self.rank_)
+            self._read_kernel(statistics)
+        else:
+            if statistics.n < 2:
+                raise _NotEnoughData("At least 2 samples are needed to read a rank; got "
+                                     f"{statistics.n} so far.")
+            if self._fit_mode == "inputs":
+                self._read_inputs(statistics)
+            else:
+                self._read_static(statistics, cv_data)
+                if self._fit_mode == "per_token":
+                    self._cap_by_energy(self.rank_)
+        return self._unscale()
+
+    def _unscale(self):
+        """Express the fitted attributes in the units of the data (ranks do not change)."""
+        sx, sy = self._scales
+        unit = {"x": sx, "y": sy, None: 1.0}[self._spectrum_unit]
+        if self._fit_mode == "kernel":
+            # y = V S Wᵀ x is cubic in x: the kernel carries sy / sx^3, its logits sy / sx.
+            self.qk_kernel_ = self.qk_kernel_ * (sy / sx**3)
+            self.logit_rms_ = self.logit_rms_ * (sy / sx)
+            if self.criterion == "energy":
+                unit = sy / sx**3
+        self.singular_values_ = self.singular_values_ * unit
+        if self.threshold_ is not None:
+            self.threshold_ = self.threshold_ * unit
+        if self.noise_variance_ is not None:
+            self.noise_variance_ = self.noise_variance_ * sy**2
+        self.mean_ = self.mean_ * sx
+        if hasattr(self, "cv_results_") and self.criterion == "cv":
+            for key in ("mean_test_score", "std_test_score"):
+                self.cv_results_[key] = self.cv_results_[key] * sy**2
         return self
 
     def _read_kernel(self, statistics):
@@ -440,6 +475,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             self.threshold_ = optimal_hard_threshold(s, shape=shape) / np.sqrt(moments.n)
             rank = int(np.sum(s / np.sqrt(moments.n) > self.threshold_))
         self._set_common(moments, s, rank, evecs[:, :rank], s / np.sqrt(moments.n))
+        self._spectrum_unit = "x"
         return self
 
     def _read_static(self, moments, cv_data=None):
@@ -483,10 +519,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     def _threshold_rank(self, moments, operator, s, n_targets):
         rho, x_rank, y_rank = canonical_correlations(moments)
         if rho.size == 0:  # constant inputs or targets: no operator to read
+            self._spectrum_unit = None
             return 0, rho
         edge = null_edge_canonical(x_rank, y_rank, moments.dof)
         if edge is not None:
             self.threshold_ = float(np.sqrt(edge))
+            self._spectrum_unit = None  # canonical correlations have no unit
             return int(np.sum(rho > self.threshold_)), rho
         if operator.residual_dof >= 1:
             warnings.warn(

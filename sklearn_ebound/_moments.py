@@ -10,10 +10,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Moments"]
+__all__ = ["Moments", "power_of_two_scale"]
 
 # Rows per chunk are chosen so that one centred chunk stays near this many float64 values.
 _CHUNK_VALUES = 1 << 22
+
+
+def power_of_two_scale(A):
+    """The power of two nearest below ``max |A|`` (1 for an empty or zero array).
+
+    Dividing by it is exact, and brings the largest entry into ``[1, 2)``: products of the
+    scaled data stay finite even where those of the raw data (``1e200 ** 2``) would not.
+    """
+    top = float(np.max(np.abs(A))) if np.size(A) else 0.0
+    return float(2.0 ** np.floor(np.log2(top))) if top > 0 and np.isfinite(top) else 1.0
 
 
 @dataclass
@@ -21,6 +31,9 @@ class Moments:
     """Count, means and centred cross-products of inputs ``X`` and targets ``Y``.
 
     With ``center=False`` the means stay zero and the products are raw (no intercept).
+    The data enter divided by ``scale_x`` and ``scale_y`` (powers of two: exact), so that
+    values near the ends of the float64 range keep finite products; every statistic is then
+    that of the scaled data.
     """
 
     n: int
@@ -30,9 +43,11 @@ class Moments:
     xy: np.ndarray
     yy: np.ndarray
     center: bool = True
+    scale_x: float = 1.0
+    scale_y: float = 1.0
 
     @classmethod
-    def empty(cls, n_features, n_targets, center=True):
+    def empty(cls, n_features, n_targets, center=True, scale_x=1.0, scale_y=1.0):
         return cls(
             0,
             np.zeros(n_features),
@@ -41,12 +56,18 @@ class Moments:
             np.zeros((n_features, n_targets)),
             np.zeros((n_targets, n_targets)),
             center,
+            scale_x,
+            scale_y,
         )
 
     @classmethod
-    def from_arrays(cls, X, Y, center=True):
-        """Moments of 2-D arrays ``X`` (N, p) and ``Y`` (N, q), read in chunks."""
-        moments = cls.empty(X.shape[1], Y.shape[1], center)
+    def from_arrays(cls, X, Y, center=True, scale=False):
+        """Moments of 2-D arrays ``X`` (N, p) and ``Y`` (N, q), read in chunks.
+
+        With ``scale=True`` the arrays are scaled by :func:`power_of_two_scale` first.
+        """
+        scales = (power_of_two_scale(X), power_of_two_scale(Y)) if scale else (1.0, 1.0)
+        moments = cls.empty(X.shape[1], Y.shape[1], center, *scales)
         step = max(1, _CHUNK_VALUES // (X.shape[1] + Y.shape[1]))
         for start in range(0, X.shape[0], step):
             moments.update(X[start : start + step], Y[start : start + step])
@@ -62,11 +83,16 @@ class Moments:
         # One symmetric product of the stacked, centred chunk Z = [X_c, Y_c] gives all three
         # blocks at once: Z^T Z = [[Cxx, Cxy], [Cyx, Cyy]] (a rank-k update, the cheapest GEMM).
         Z = np.concatenate([X, Y], axis=1)
+        if self.scale_x != 1.0:
+            Z[:, :p] /= self.scale_x
+        if self.scale_y != 1.0:
+            Z[:, p:] /= self.scale_y
         mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
             Z -= mean
         G = Z.T @ Z
-        other = Moments(n_b, mean[:p], mean[p:], G[:p, :p], G[:p, p:], G[p:, p:], self.center)
+        other = Moments(n_b, mean[:p], mean[p:], G[:p, :p], G[:p, p:], G[p:, p:], self.center,
+                        self.scale_x, self.scale_y)
         return self.merge(other)
 
     def merge(self, other):
@@ -75,6 +101,8 @@ class Moments:
         n = n_a + n_b
         if n_b == 0:
             return self
+        if (other.scale_x, other.scale_y) != (self.scale_x, self.scale_y):
+            raise ValueError("Cannot merge moments of data scaled differently.")
         if self.center and n_a > 0:
             # Centred products of the union add a between-group term n_a n_b / n * d d^T.
             dx = other.mean_x - self.mean_x

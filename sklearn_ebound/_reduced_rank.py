@@ -15,7 +15,7 @@ from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._moments import Moments
+from ._moments import Moments, power_of_two_scale
 from ._operators import solve_static
 
 __all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
@@ -33,13 +33,21 @@ def _check_rank_bound(rank, n_features, n_targets, name="rank"):
 class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
     """Shared fitted state and prediction of the reduced-rank regressors."""
 
+    def _scaled_alpha(self, moments):
+        # ||Y - XB||^2 + alpha ||B||^2 with X = sx X', Y = sy Y', B = (sy / sx) B' is
+        # sy^2 (||Y' - X'B'||^2 + (alpha / sx^2) ||B'||^2).
+        return self.alpha / moments.scale_x**2
+
     def _set_operator(self, moments, operator, rank):
-        coef = operator.reduced_coef(rank)  # p x q, Y ~ X coef
+        sx, sy = moments.scale_x, moments.scale_y
+        # The moments are those of X / sx and Y / sy: back to the units of the data.
+        coef = operator.reduced_coef(rank) * (sy / sx)  # p x q, Y ~ X coef
         self.rank_ = int(rank)
         self.coef_ = coef.T if self._y_2d else coef[:, 0]
-        intercept = moments.mean_y - moments.mean_x @ coef
+        intercept = moments.mean_y * sy - (moments.mean_x * sx) @ coef
         self.intercept_ = intercept if self._y_2d else float(intercept[0])
-        self.singular_values_ = operator.fitted_singular_values / np.sqrt(max(moments.n, 1))
+        self.singular_values_ = (operator.fitted_singular_values * sy
+                                 / np.sqrt(max(moments.n, 1)))
         return self
 
     def predict(self, X):
@@ -152,8 +160,9 @@ class ReducedRankRegressor(_ReducedRankBase):
         X, Y = _validate_xy(self, X, y)
         rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
         _check_rank_bound(rank, X.shape[1], Y.shape[1])
-        self._moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
-        return self._set_operator(self._moments, solve_static(self._moments, self.alpha), rank)
+        self._moments = Moments.from_arrays(X, Y, center=self.fit_intercept, scale=True)
+        operator = solve_static(self._moments, self._scaled_alpha(self._moments))
+        return self._set_operator(self._moments, operator, rank)
 
     def partial_fit(self, X, y):
         """Add a chunk of rows and refit from the moments of everything seen so far.
@@ -180,13 +189,16 @@ class ReducedRankRegressor(_ReducedRankBase):
             self._y_2d = y.ndim == 2
             rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
             _check_rank_bound(rank, X.shape[1], Y.shape[1])
-            self._moments = Moments.empty(X.shape[1], Y.shape[1], center=self.fit_intercept)
+            self._moments = Moments.empty(X.shape[1], Y.shape[1], center=self.fit_intercept,
+                                          scale_x=power_of_two_scale(X),
+                                          scale_y=power_of_two_scale(Y))
         elif Y.shape[1] != self._moments.xy.shape[1]:
             raise ValueError(f"y has {Y.shape[1]} targets, but {type(self).__name__} was fitted "
                              f"with {self._moments.xy.shape[1]}.")
         self._moments.update(X, Y)
         rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
-        return self._set_operator(self._moments, solve_static(self._moments, self.alpha), rank)
+        operator = solve_static(self._moments, self._scaled_alpha(self._moments))
+        return self._set_operator(self._moments, operator, rank)
 
 
 _PATH_SCORINGS = ("r2", "neg_mean_squared_error")
@@ -358,5 +370,6 @@ class ReducedRankRegressorCV(_ReducedRankBase):
         for k, split in enumerate(scores):
             self.cv_results_[f"split{k}_test_score"] = split
         self.best_score_ = float(mean[best])
-        moments = Moments.from_arrays(X, Y, center=self.fit_intercept)
-        return self._set_operator(moments, solve_static(moments, self.alpha), int(ranks[best]))
+        moments = Moments.from_arrays(X, Y, center=self.fit_intercept, scale=True)
+        return self._set_operator(moments, solve_static(moments, self._scaled_alpha(moments)),
+                                  int(ranks[best]))
