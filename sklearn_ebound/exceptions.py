@@ -1,7 +1,24 @@
 """Warnings and errors raised by sklearn-ebound."""
 
-__all__ = ["RankEstimationWarning"]
+__all__ = ["RankEstimationWarning", "TrainingDivergedError"]
 
 
 class RankEstimationWarning(UserWarning):
     """A rank was estimated under assumptions the data strain; the answer is uncertain."""
+
+
+class TrainingDivergedError(ValueError):
+    """Training produced a non-finite loss or non-finite weights: a parameter is out of range.
+
+    Raised by :class:`~sklearn_ebound.nn.DivergenceCheck`, a default callback of
+    :class:`~sklearn_ebound.nn.LowRankAttentionRegressor`. The message names the epoch, the
+    loss and the parameters to lower (``lr``, ``init_scale``).
+
+    It subclasses :class:`ValueError`, as scikit-learn's own divergence error does
+    (:class:`~sklearn.linear_model.SGDRegressor` raises ``ValueError`` on floating-point
+    overflow): a learning rate that diverges is a parameter value out of range. In model
+    selection nothing special is needed: with ``error_score=np.nan``,
+    :class:`~sklearn.model_selection.GridSearchCV` scores the diverged candidate ``nan``,
+    warns with a :class:`~sklearn.exceptions.FitFailedWarning` that quotes this message, and
+    fits the others; with ``error_score="raise"`` (the default) it propagates.
+    """

@@ -1,6 +1,7 @@
 """Torch estimators and modules: attention with a rank-limited query-key kernel."""
 
 from .._scoring import get_sequence_scorer, get_sequence_scorer_names, make_sequence_scorer
+from ._callbacks import DivergenceCheck
 from ._modules import LowRankAttention, StaticTokenMixer
 from ._regressor import LowRankAttentionRegressor
 
@@ -8,6 +9,7 @@ __all__ = [
     "LowRankAttention",
     "StaticTokenMixer",
     "LowRankAttentionRegressor",
+    "DivergenceCheck",
     "make_sequence_scorer",
     "get_sequence_scorer",
     "get_sequence_scorer_names",

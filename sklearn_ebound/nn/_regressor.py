@@ -15,6 +15,8 @@ from torch.utils.data import Dataset as TorchDataset
 
 from .._spectrum import energy_rank
 from .._validation import check_sequences
+from ..exceptions import TrainingDivergedError
+from ._callbacks import DivergenceCheck
 from ._modules import LowRankAttention, StaticTokenMixer
 
 __all__ = ["LowRankAttentionRegressor"]
@@ -106,7 +108,9 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     **kwargs
         Any other parameter of :class:`skorch.NeuralNetRegressor` (``callbacks``,
         ``criterion``, ``warm_start``, ``iterator_train__shuffle``, ...). Training batches
-        are shuffled unless ``iterator_train__shuffle=False`` is given.
+        are shuffled unless ``iterator_train__shuffle=False`` is given. The default callback
+        ``"divergence_check"`` (:class:`DivergenceCheck`) is turned off by
+        ``callbacks__divergence_check=None``.
 
     Attributes
     ----------
@@ -128,9 +132,18 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     history_ : skorch.history.History
         Per-epoch and per-batch training record (``history_[:, "train_loss"]``).
 
+    Raises
+    ------
+    sklearn_ebound.exceptions.TrainingDivergedError
+        From ``fit``/``partial_fit`` when a training loss or the weights stop being finite
+        (a learning rate or ``init_scale`` too large), instead of a model that predicts
+        ``nan``. A subclass of ``ValueError``: ``GridSearchCV(error_score=np.nan)`` scores
+        such a candidate ``nan`` and goes on.
+
     See Also
     --------
     LowRankAttention : the module trained for the attention variants.
+    DivergenceCheck : the default callback that stops a diverging fit.
     StaticTokenMixer : the module trained for the static variants.
     get_sequence_scorer : named scorers that accept 3-D targets, for ``GridSearchCV``.
 
@@ -139,6 +152,13 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     ``score`` is the R^2 of all target entries flattened into one column. scikit-learn's own
     named scorers reject 3-D targets; pass ``scoring=get_sequence_scorer(name)`` instead of
     ``scoring=name`` in model selection.
+
+    Persistence: ``pickle`` and ``joblib`` round-trip a fitted model, and a model fitted with
+    ``device="cuda"`` loads onto the CPU where CUDA is absent (skorch maps the tensors, with a
+    warning). ``skops.io`` also saves and loads it, but gains no safety from doing so: skorch
+    stores the torch module and optimizer as an embedded pickle that skops does not audit, so
+    the types ``skops.io.get_untrusted_types`` lists are not all that loading runs. Load only
+    files you trust, as with ``pickle``.
 
     On a CPU shared with other work, torch's intra-op threads can slow the small problems of
     this package by an order of magnitude; ``torch.set_num_threads(1)`` avoids that.
@@ -193,6 +213,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         self.init_scale = init_scale
         self.logit_scale = logit_scale
         self.random_state = random_state
+
+    @property
+    def _default_callbacks(self):
+        # skorch's defaults (epoch timer, loss recording, printing) and the divergence check.
+        return [*super()._default_callbacks, ("divergence_check", DivergenceCheck())]
 
     def fit(self, X, y, **fit_params):
         """Initialise the module from the data and train it.
@@ -325,6 +350,13 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             else:
                 kernel = self.module_.qk_kernel()
         self.qk_kernel_ = kernel.detach().cpu().double().numpy()
+        if not np.isfinite(self.qk_kernel_).all():
+            # Reached only with the divergence check off: nothing usable was learned.
+            raise TrainingDivergedError(
+                "training diverged: the learned kernel is not finite after the last epoch; "
+                f"lower `lr` (now {getattr(self, 'optimizer__lr', self.lr)}) or `init_scale` "
+                f"(now {self.init_scale})."
+            )
         # tau = 0.99: the fewest directions that hold 99% of the squared Frobenius norm.
         self.effective_rank_ = energy_rank(self.qk_kernel_, tau=0.99)
 

@@ -1,0 +1,83 @@
+"""A diverging fit of the torch regressor stops with an error that names its cause."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import FitFailedWarning
+from sklearn.model_selection import GridSearchCV
+
+from sklearn_ebound.datasets import make_attention_task
+from sklearn_ebound.exceptions import TrainingDivergedError
+from sklearn_ebound.nn import DivergenceCheck, LowRankAttentionRegressor, get_sequence_scorer
+
+_X, _Y = make_attention_task("linear", 64, 6, 4, rank=1, noise=0.05, random_state=0)
+# Plain SGD: a learning rate far too large blows the weights up within a few steps (Adam's
+# steps are bounded by `lr`, so it needs a far larger one to overflow).
+_SGD = dict(attention="linear", optimizer=torch.optim.SGD, batch_size=16, max_epochs=20,
+            random_state=0)
+
+
+def test_divergent_lr_raises_and_names_lr():
+    net = LowRankAttentionRegressor(lr=100.0, **_SGD)
+    with pytest.raises(TrainingDivergedError,
+                       match=r"training diverged at epoch \d+, batch \d+ \(train loss = "
+                             r"(nan|inf)\); lower `lr` \(now 100.0\) or `init_scale` "
+                             r"\(now 0.01\)"):
+        net.fit(_X, _Y)
+    assert issubclass(TrainingDivergedError, ValueError)
+
+
+def test_divergent_lr_with_default_optimizer_raises():
+    net = LowRankAttentionRegressor(attention="linear", lr=1e6, max_epochs=10, random_state=0)
+    with pytest.raises(TrainingDivergedError, match=r"lower `lr` \(now 1000000.0\)"):
+        net.fit(_X, _Y)
+
+
+def test_normal_fit_is_not_stopped():
+    net = LowRankAttentionRegressor(lr=0.1, **_SGD).fit(_X, _Y)
+    losses = net.history_[:, "train_loss"]
+    assert len(losses) == 20 and np.isfinite(losses).all()
+    assert losses[0] > losses[-1]
+    assert np.isfinite(net.predict(_X)).all()
+    assert "divergence_check" in dict(net.callbacks_)
+
+
+def test_non_finite_weights_are_caught_at_epoch_end():
+    # A step can turn finite loss into non-finite weights; the epoch-end check sees them.
+    net = LowRankAttentionRegressor(lr=0.1, **{**_SGD, "max_epochs": 2}).fit(_X, _Y)
+    with torch.no_grad():
+        net.module_.W_Q[0, 0] = float("inf")
+    with pytest.raises(TrainingDivergedError, match="weights are no longer finite.*`lr`"):
+        DivergenceCheck().on_epoch_end(net)
+
+
+def test_check_can_be_turned_off():
+    # Off (and still off after clone), an overflowing loss no longer stops training: Adam's
+    # bounded steps keep the weights finite, and the fit completes.
+    net = LowRankAttentionRegressor(attention="linear", lr=1e6, max_epochs=5, random_state=0,
+                                    callbacks__divergence_check=None)
+    fitted = clone(net).fit(_X, _Y)
+    assert not np.isfinite(fitted.history_[:, "train_loss"]).all()
+    # Weights that are no longer finite still fail the fit, when the kernel is read.
+    net = LowRankAttentionRegressor(lr=100.0, callbacks__divergence_check=None, **_SGD)
+    with pytest.raises(TrainingDivergedError, match="kernel is not finite.*`lr` \\(now 100.0"):
+        net.fit(_X, _Y)
+
+
+def test_grid_search_scores_diverged_candidate_nan():
+    search = GridSearchCV(LowRankAttentionRegressor(**_SGD), {"lr": [0.1, 100.0]}, cv=2,
+                          scoring=get_sequence_scorer("neg_mean_squared_error"),
+                          error_score=np.nan)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search.fit(_X, _Y)
+    failed = [w for w in caught if issubclass(w.category, FitFailedWarning)]
+    assert failed and "TrainingDivergedError" in str(failed[0].message)
+    assert "lower `lr` (now 100.0)" in str(failed[0].message)
+    scores = search.cv_results_["mean_test_score"]
+    assert np.isfinite(scores[0]) and np.isnan(scores[1])
+    assert search.best_params_ == {"lr": 0.1}
+    assert np.isfinite(search.predict(_X)).all()
