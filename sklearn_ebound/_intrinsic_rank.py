@@ -257,6 +257,11 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _mode(self, X, Y):
         """Which statistics the data feed: fixed at the first chunk."""
+        if Y is not None and self.operator == "static" and (_n_dims(X) == 3) != (
+                _n_dims(Y) == 3):
+            raise ValueError(
+                "`X` and `Y` must both be 2-D (n_samples, n_features) or both be 3-D sequences "
+                f"(n_samples, n_tokens, n_channels). Got {_n_dims(X)}-D X and {_n_dims(Y)}-D Y.")
         if self.operator == "attention" or _n_dims(X) == 3:
             if Y is None:
                 raise ValueError("Sequence data (3-D `X`) needs the target sequences `Y`.")
@@ -390,24 +395,37 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _unscale(self):
         """Express the fitted attributes in the units of the data (ranks do not change)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._unscale_attributes()
+        values = [self.singular_values_, self.mean_, self.threshold_, self.noise_variance_,
+                  getattr(self, "qk_kernel_", None)]
+        if not all(np.all(np.isfinite(v)) for v in values if v is not None):
+            warnings.warn(
+                "Some fitted values (spectrum, noise variance or means) exceed the float64 range "
+                "in the units of the data and are infinite; the rank itself was read on scaled "
+                "data and is unaffected.", RankEstimationWarning, stacklevel=4)
+        return self
+
+    def _unscale_attributes(self):
         sx, sy = self._scales
         unit = {"x": sx, "y": sy, None: 1.0}[self._spectrum_unit]
         if self._fit_mode == "kernel":
-            # y = V S Wᵀ x is cubic in x: the kernel carries sy / sx^3, its logits sy / sx.
-            self.qk_kernel_ = self.qk_kernel_ * (sy / sx**3)
-            self.logit_rms_ = self.logit_rms_ * (sy / sx)
+            # X and Y share the scale s (sx == sy): y = V S Wᵀ x is cubic in x, so the kernel
+            # carries 1 / s^2 (divided twice: s^2 itself may leave the float64 range) and its
+            # logits x_iᵀ W x_j none.
+            self.qk_kernel_ = self.qk_kernel_ / sx / sx
             if self.criterion == "energy":
-                unit = sy / sx**3
+                self.singular_values_ = self.singular_values_ / sx / sx
+                unit = 1.0
         self.singular_values_ = self.singular_values_ * unit
         if self.threshold_ is not None:
             self.threshold_ = self.threshold_ * unit
         if self.noise_variance_ is not None:
-            self.noise_variance_ = self.noise_variance_ * sy**2
+            self.noise_variance_ = self.noise_variance_ * sy * sy  # may overflow to inf
         self.mean_ = self.mean_ * sx
         if hasattr(self, "cv_results_") and self.criterion == "cv":
             for key in ("mean_test_score", "std_test_score"):
-                self.cv_results_[key] = self.cv_results_[key] * sy**2
-        return self
+                self.cv_results_[key] = self.cv_results_[key] * sy * sy
 
     def _read_kernel(self, statistics):
         fit = statistics.solve()

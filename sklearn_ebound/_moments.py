@@ -23,7 +23,10 @@ def power_of_two_scale(A):
     scaled data stay finite even where those of the raw data (``1e200 ** 2``) would not.
     """
     top = float(np.max(np.abs(A))) if np.size(A) else 0.0
-    return float(2.0 ** np.floor(np.log2(top))) if top > 0 and np.isfinite(top) else 1.0
+    if not (top > 0 and np.isfinite(top)):
+        return 1.0
+    # top = m 2^e with m in [0.5, 1): the scale 2^(e-1) is representable at both ends.
+    return float(np.ldexp(1.0, int(np.frexp(top)[1]) - 1))
 
 
 @dataclass

@@ -36,18 +36,23 @@ class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
     def _scaled_alpha(self, moments):
         # ||Y - XB||^2 + alpha ||B||^2 with X = sx X', Y = sy Y', B = (sy / sx) B' is
         # sy^2 (||Y' - X'B'||^2 + (alpha / sx^2) ||B'||^2).
-        return self.alpha / moments.scale_x**2
+        return self.alpha / moments.scale_x / moments.scale_x if self.alpha else 0.0
 
     def _set_operator(self, moments, operator, rank):
         sx, sy = moments.scale_x, moments.scale_y
-        # The moments are those of X / sx and Y / sy: back to the units of the data.
-        coef = operator.reduced_coef(rank) * (sy / sx)  # p x q, Y ~ X coef
+        with np.errstate(over="ignore", invalid="ignore"):
+            # The moments are those of X / sx and Y / sy: back to the units of the data.
+            coef = operator.reduced_coef(rank) * sy / sx  # p x q, Y ~ X coef
+            intercept = moments.mean_y * sy - (moments.mean_x * sx) @ coef
+            singular_values = operator.fitted_singular_values * sy / np.sqrt(max(moments.n, 1))
+        if not (np.all(np.isfinite(coef)) and np.all(np.isfinite(intercept))):
+            raise ValueError(
+                "The fitted operator exceeds the float64 range in the units of the data (inputs "
+                f"of scale {sx:.3g}, targets of scale {sy:.3g}); rescale X or Y.")
         self.rank_ = int(rank)
         self.coef_ = coef.T if self._y_2d else coef[:, 0]
-        intercept = moments.mean_y * sy - (moments.mean_x * sx) @ coef
         self.intercept_ = intercept if self._y_2d else float(intercept[0])
-        self.singular_values_ = (operator.fitted_singular_values * sy
-                                 / np.sqrt(max(moments.n, 1)))
+        self.singular_values_ = singular_values
         return self
 
     def predict(self, X):
