@@ -445,6 +445,10 @@ def _parser():
     frontier.add_argument("--repeats", type=_positive_int, default=5)
     _common(frontier, json_only=True)
     frontier.set_defaults(run=_frontier)
+
+    from .heads._cli import add_heads_parser
+
+    add_heads_parser(commands)
     return parser
 
 

