@@ -33,6 +33,12 @@ def _check_rank_bound(rank, n_features, n_targets, name="rank"):
 class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
     """Shared fitted state and prediction of the reduced-rank regressors."""
 
+    def _fit_rank(self, X, Y, rank):
+        """Fit the rank-``rank`` operator from the moments of all of ``X, Y``."""
+        self._moments = Moments.from_arrays(X, Y, center=self.fit_intercept, scale=True)
+        operator = solve_static(self._moments, self._scaled_alpha(self._moments))
+        return self._set_operator(self._moments, operator, rank)
+
     def _scaled_alpha(self, moments):
         # ||Y - XB||^2 + alpha ||B||^2 with X = sx X', Y = sy Y', B = (sy / sx) B' is
         # sy^2 (||Y' - X'B'||^2 + (alpha / sx^2) ||B'||^2).
@@ -165,9 +171,7 @@ class ReducedRankRegressor(_ReducedRankBase):
         X, Y = _validate_xy(self, X, y)
         rank = min(X.shape[1], Y.shape[1]) if self.rank is None else self.rank
         _check_rank_bound(rank, X.shape[1], Y.shape[1])
-        self._moments = Moments.from_arrays(X, Y, center=self.fit_intercept, scale=True)
-        operator = solve_static(self._moments, self._scaled_alpha(self._moments))
-        return self._set_operator(self._moments, operator, rank)
+        return self._fit_rank(X, Y, rank)
 
     def partial_fit(self, X, y):
         """Add a chunk of rows and refit from the moments of everything seen so far.
@@ -375,6 +379,4 @@ class ReducedRankRegressorCV(_ReducedRankBase):
         for k, split in enumerate(scores):
             self.cv_results_[f"split{k}_test_score"] = split
         self.best_score_ = float(mean[best])
-        moments = Moments.from_arrays(X, Y, center=self.fit_intercept, scale=True)
-        return self._set_operator(moments, solve_static(moments, self._scaled_alpha(moments)),
-                                  int(ranks[best]))
+        return self._fit_rank(X, Y, int(ranks[best]))
