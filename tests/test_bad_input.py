@@ -34,7 +34,7 @@ def test_wrong_number_of_dimensions(Estimator):
     with pytest.raises(ValueError, match="2D array"):
         Estimator().fit(X[:, 0], Y)
     # 3-D X is sequence data: it needs 3-D targets (static estimators refuse it outright).
-    with pytest.raises(ValueError, match="dim|3-D array"):
+    with pytest.raises(ValueError, match="dim|3-D"):
         Estimator().fit(X[:, :, None], Y)
 
 
