@@ -81,3 +81,19 @@ def test_grid_search_scores_diverged_candidate_nan():
     assert np.isfinite(scores[0]) and np.isnan(scores[1])
     assert search.best_params_ == {"lr": 0.1}
     assert np.isfinite(search.predict(_X)).all()
+
+
+def test_keyboard_interrupt_propagates_instead_of_a_partly_trained_model():
+    from skorch.callbacks import Callback
+
+    class InterruptAtEpoch3(Callback):
+        def on_epoch_end(self, net, **kwargs):
+            if len(net.history) == 3:
+                raise KeyboardInterrupt
+
+    X, Y = make_attention_task("linear", 32, 4, 3, rank=1, random_state=0)
+    net = LowRankAttentionRegressor(attention="linear", max_epochs=10, batch_size=-1,
+                                    callbacks=[("stop", InterruptAtEpoch3())], random_state=0)
+    with pytest.raises(KeyboardInterrupt, match="after 3 epoch"):
+        net.fit(X, Y)
+    assert len(net.history_) == 3  # the partial module is still there to inspect

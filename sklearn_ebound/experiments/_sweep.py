@@ -212,9 +212,9 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
     same file. The splits must be reproducible for a rerun to reuse anything: an integer
     ``cv``, or a splitter with an integer ``random_state``.
 
-    skorch networks such as :class:`~sklearn_ebound.nn.LowRankAttentionRegressor` catch a
-    ``KeyboardInterrupt`` during training and keep the partly trained model; an interrupt
-    that lands inside a network's training ends that fit early instead of the sweep.
+    :class:`~sklearn_ebound.nn.LowRankAttentionRegressor` lets a ``KeyboardInterrupt`` during
+    training propagate (plain skorch networks swallow it and keep a partly trained model), so
+    an interrupted sweep of it never records a partly trained rank.
     """
     ranks = [int(r) for r in ranks]
     if not ranks:

@@ -240,9 +240,29 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             return super().fit(X, y, **fit_params)
 
     def partial_fit(self, X, y, classes=None, **fit_params):
-        """Train for ``max_epochs`` more epochs, initialising first if needed."""
+        """Train for ``max_epochs`` more epochs, initialising first if needed.
+
+        A ``KeyboardInterrupt`` stops training and propagates (skorch alone would swallow it
+        and return the partly trained model as if finished): a sweep interrupted mid-fit never
+        records a partly trained rank. The partly trained module stays in ``module_``.
+        """
         X, y = self._validate_sequences(X, y, reset=not self.initialized_)
-        return super().partial_fit(X, y, classes=classes, **fit_params)
+        self._interrupted = False
+        super().partial_fit(X, y, classes=classes, **fit_params)
+        if self._interrupted:
+            self._interrupted = False
+            raise KeyboardInterrupt(
+                f"training interrupted after {len(self.history_)} epoch(s); the model is only "
+                "partly trained")
+        return self
+
+    def fit_loop(self, X, y=None, *args, **kwargs):
+        # skorch's partial_fit catches KeyboardInterrupt around this loop; remember it.
+        try:
+            return super().fit_loop(X, y, *args, **kwargs)
+        except KeyboardInterrupt:
+            self._interrupted = True
+            raise
 
     def predict(self, X):
         """Predicted target sequences, a float32 array of shape (n_samples, n_tokens, n_targets).
