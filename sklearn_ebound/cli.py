@@ -87,6 +87,8 @@ def _demo(args):
     from .nn import LowRankAttentionRegressor
 
     _set_threads()
+    progress = _Progress("demo: estimate, sweep, train")
+    progress(0, 3)
     r_star = args.rank
     X, Y, params = make_attention_task(
         "softmax", args.n_samples, args.n_tokens, args.n_features, rank=r_star,
@@ -106,13 +108,16 @@ def _demo(args):
     training = {"attention": "softmax", "logit_scale": args.logit_scale, "lr": 0.05,
                 "max_epochs": args.max_epochs, "batch_size": -1, "device": args.device,
                 "random_state": args.seed}
+    progress(1, 3)
     ranks = range(1, args.n_features + 1)
     sweep = rank_sweep(LowRankAttentionRegressor(**training), X, Y, ranks, cv=3,
                        n_jobs=args.n_jobs, noise_floor=params.noise_floor)
     lines.append("Rank sweep of LowRankAttentionRegressor (3-fold held-out risk per token):")
     lines.append(sweep.format())
     lines.append(f"Knee of the sweep: rank {sweep.knee} (noise floor {params.noise_floor:.4g})")
+    progress(2, 3)
     recovered = LowRankAttentionRegressor(**training, init_scale=1e-2).fit(X, Y)
+    progress(3, 3)
     lines.append(f"Gradient descent at full width (k = d = {args.n_features}) from a small "
                  f"initialisation: energy rank of the learned W_Q W_K^T = "
                  f"{recovered.effective_rank_}")
