@@ -211,6 +211,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """
         self._statistics = None
         if is_dask_array(X):
+            if self.criterion == "cv":
+                raise ValueError("criterion='cv' refits on held-out folds in memory; with dask "
+                                 "arrays use 'threshold', 'rsc' or 'energy'.")
             self._accumulate_dask(X, Y)
             return self._read()
         self._accumulate(X, Y, min_samples=2)

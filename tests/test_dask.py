@@ -52,6 +52,8 @@ def test_dask_input_is_validated(client):
     X[50, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         IntrinsicRankEstimator().fit(da.from_array(X, chunks=30), da.ones((100, 2), chunks=30))
+    with pytest.raises(ValueError, match="criterion='cv'"):
+        IntrinsicRankEstimator(criterion="cv").fit(da.ones((10, 3)), da.ones((10, 2)))
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
         IntrinsicRankEstimator().fit(da.ones((10, 3)), da.ones((9, 2)))
 
