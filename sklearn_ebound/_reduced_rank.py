@@ -246,6 +246,34 @@ def _r2_from_sse(sse, Y_test):
     return r2.mean(axis=1)
 
 
+def _training_moments(X, Y, splits, fit_intercept):
+    """``moments(i)``: the moments of the training rows of split ``i``.
+
+    When the test folds partition the samples and every training set is the complement of its
+    test fold (K-fold), the data are read once: each fold's moments are computed, and the
+    training moments of fold ``i`` are the merge of the others (moments add up exactly).
+    Otherwise each training set is read on its own.
+    """
+    n = X.shape[0]
+    tests = [np.asarray(test) for _, test in splits]
+    counts = np.bincount(np.concatenate(tests), minlength=n) if tests else np.zeros(n)
+    partition = np.all(counts == 1) and all(
+        len(train) + len(test) == n for train, test in splits)
+    if not partition:
+        return lambda i: Moments.from_arrays(X[splits[i][0]], Y[splits[i][0]],
+                                             center=fit_intercept)
+    folds = [Moments.from_arrays(X[test], Y[test], center=fit_intercept) for test in tests]
+
+    def moments(i):
+        total = Moments.empty(X.shape[1], Y.shape[1], center=fit_intercept)
+        for j, fold in enumerate(folds):
+            if j != i:
+                total.merge(fold)
+        return total
+
+    return moments
+
+
 def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True):
     """Cross-validated score of every rank, one decomposition per fold.
 
@@ -273,8 +301,9 @@ def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercep
     scorer = None
     if scoring is not None and not (isinstance(scoring, str) and scoring in _PATH_SCORINGS):
         scorer = check_scoring(ReducedRankRegressor(), scoring=scoring)
+    train_moments = _training_moments(X, Y, splits, fit_intercept)
     for i, (train, test) in enumerate(splits):
-        moments = Moments.from_arrays(X[train], Y[train], center=fit_intercept)
+        moments = train_moments(i)
         operator = solve_static(moments, alpha)
         if scorer is not None:
             for j, rank in enumerate(ranks):
