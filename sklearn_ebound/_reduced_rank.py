@@ -302,7 +302,7 @@ def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercep
     if scoring is not None and not (isinstance(scoring, str) and scoring in _PATH_SCORINGS):
         scorer = check_scoring(ReducedRankRegressor(), scoring=scoring)
     train_moments = _training_moments(X, Y, splits, fit_intercept)
-    for i, (train, test) in enumerate(splits):
+    for i, (_, test) in enumerate(splits):
         moments = train_moments(i)
         operator = solve_static(moments, alpha)
         if scorer is not None:
