@@ -36,6 +36,7 @@ cell and strictly better on average (exact-recovery rate; the mean absolute erro
 beside it).
 
     python benchmarks/bench_recovery_accuracy.py [--quick] [--n-jobs 2] [--write-docs]
+        [--from-json]
 """
 
 import argparse
@@ -237,7 +238,8 @@ def write_docs(results):
                color="black" if m == DEFAULT else None)
     ax.set_xticks(np.arange(len(names)), names, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("exact-recovery rate")
-    ax.legend(fontsize=6, ncol=5, loc="lower left")
+    ax.legend(fontsize=6, ncol=len(methods), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              frameon=False)
     fig.tight_layout()
     fig.savefig(DOCS / "recovery_accuracy.png")
     plt.close(fig)
@@ -250,7 +252,15 @@ def main(argv=None):
     parser.add_argument("--n-jobs", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--from-json", action="store_true",
+                        help="redo the table and the docs from the last saved run")
     args = parser.parse_args(argv)
+    if args.from_json:
+        report = json.loads(args.output.read_text())
+        print_table(report["results"], report["comparison"], report["overall"])
+        if args.write_docs:
+            write_docs(report["results"])
+        return report
     cells = grid(args.reps)
     if args.quick:
         cells = [dict(cells[0], reps=4), dict(cells[1], reps=4)]
