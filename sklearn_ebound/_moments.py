@@ -22,7 +22,8 @@ def power_of_two_scale(A):
     Dividing by it is exact, and brings the largest entry into ``[1, 2)``: products of the
     scaled data stay finite even where those of the raw data (``1e200 ** 2``) would not.
     """
-    top = float(np.max(np.abs(A))) if np.size(A) else 0.0
+    # max(max A, -min A): the largest magnitude without an |A| copy of the data.
+    top = float(max(np.max(A), -np.min(A))) if np.size(A) else 0.0
     if not (top > 0 and np.isfinite(top)):
         return 1.0
     # top = m 2^e with m in [0.5, 1): the scale 2^(e-1) is representable at both ends.
