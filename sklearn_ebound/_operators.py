@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StaticOperator", "solve_static", "canonical_correlations", "null_edge_canonical"]
+__all__ = [
+    "StaticOperator",
+    "solve_static",
+    "canonical_correlations",
+    "null_edge_canonical",
+    "null_edge_white",
+    "residuals_look_white",
+]
 
 # Eigenvalues of a correlation-scaled Gram below this fraction of the largest are taken as
 # exact collinearity (a Gram's rounding error is about eps * its largest eigenvalue).
@@ -165,3 +172,39 @@ def null_edge_canonical(n_inputs, n_outputs, dof):
     sigma = (16 / total**2 / (np.sin(phi + gamma) ** 2 * np.sin(phi) * np.sin(gamma))) ** (1 / 3)
     logit = mu + _TW1_Q999 * sigma
     return 1 / (1 + np.exp(-logit))
+
+
+def null_edge_white(n_rows, n_cols):
+    """Largest squared singular value of an ``n_rows x n_cols`` matrix of i.i.d. unit Gaussian
+    noise, at the 99.9% level.
+
+    Johnstone (2001): the largest eigenvalue of ``WᵀW`` is approximately
+    ``mu + sigma * TW1`` with ``mu = (sqrt(n - 1/2) + sqrt(p - 1/2))^2`` and
+    ``sigma = sqrt(mu) (1/sqrt(n - 1/2) + 1/sqrt(p - 1/2))^{1/3}`` (``n >= p`` the two sides).
+    """
+    n, p = max(n_rows, n_cols) - 0.5, min(n_rows, n_cols) - 0.5
+    if p <= 0:
+        return 0.0
+    root_mu = np.sqrt(n) + np.sqrt(p)
+    sigma = root_mu * (1 / np.sqrt(n) + 1 / np.sqrt(p)) ** (1 / 3)
+    return root_mu**2 + _TW1_Q999 * sigma
+
+
+# 99.9% quantile of the standard normal law.
+_Z_Q999 = 3.0902
+
+
+def residuals_look_white(residual, dof):
+    """Whether residual cross-products are consistent with white noise ``sigma^2 I``.
+
+    John's sphericity statistic ``U = q tr(S^2) / tr(S)^2 - 1`` of the residual covariance
+    ``S``; under sphericity ``dof U - q`` tends to ``N(1, 4)`` as ``dof`` and ``q`` grow in any
+    proportion (Ledoit & Wolf 2002), so ``q > dof`` is allowed. Sphericity is kept unless
+    rejected at the 0.1% level.
+    """
+    q = residual.shape[0]
+    trace = np.trace(residual)
+    if q < 2 or dof < 2 or trace <= 0:
+        return True
+    u = q * np.sum(residual * residual) / trace**2 - 1
+    return (dof * u - q - 1) / 2 <= _Z_Q999
