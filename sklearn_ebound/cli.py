@@ -257,6 +257,18 @@ def _estimate(args):
 # --- experiments -----------------------------------------------------------------------------
 
 
+def _report_table(args, result, name, title, summary=None, extra_files=()):
+    """Write ``NAME.json`` and ``NAME.csv`` under ``--out`` and print the table (or JSON)."""
+    out = _out_dir(args)
+    files = [out / f"{name}.json", out / f"{name}.csv", *extra_files]
+    result.to_json(files[0])
+    result.to_csv(files[1])
+    lines = [title, result.format()] + ([summary] if summary else [])
+    lines.append("Wrote " + ", ".join(str(f) for f in files))
+    _emit(args, result.to_dict(), "\n".join(lines))
+    return 0
+
+
 def _sweep(args):
     from . import ReducedRankRegressor
     from .datasets import make_attention_task, make_static_task
@@ -284,15 +296,10 @@ def _sweep(args):
         bound = None
     result = rank_sweep(estimator, X, Y, ranks, cv=args.cv, n_jobs=args.n_jobs,
                         noise_floor=params.noise_floor, singular_values=bound)
-    out = _out_dir(args)
-    result.to_json(out / "sweep.json")
-    result.to_csv(out / "sweep.csv")
-    png = _save_sweep_png(result, out / "sweep.png", f"Rank sweep, {args.kind} task")
-    text = (f"Rank sweep on a planted {args.kind} task of rank {args.rank}\n{result.format()}\n"
-            f"Knee: rank {result.knee}\nWrote {out / 'sweep.json'}, {out / 'sweep.csv'}"
-            + (f", {png}" if png else ""))
-    _emit(args, result.to_dict(), text)
-    return 0
+    png = _save_sweep_png(result, _out_dir(args) / "sweep.png", f"Rank sweep, {args.kind} task")
+    return _report_table(args, result, "sweep",
+                         f"Rank sweep on a planted {args.kind} task of rank {args.rank}",
+                         f"Knee: rank {result.knee}", [png] if png else [])
 
 
 def _ladder(args):
@@ -302,13 +309,8 @@ def _ladder(args):
                                   n_features=args.n_features, rank=args.rank,
                                   logit_scales=args.logit_scales, noise=args.noise,
                                   random_state=args.seed)
-    out = _out_dir(args)
-    result.to_json(out / "ladder.json")
-    result.to_csv(out / "ladder.csv")
-    _emit(args, result.to_dict(),
-          f"Interpolation ladder, planted rank {args.rank}\n{result.format()}\n"
-          f"Wrote {out / 'ladder.json'}, {out / 'ladder.csv'}")
-    return 0
+    return _report_table(args, result, "ladder",
+                         f"Interpolation ladder, planted rank {args.rank}")
 
 
 def _frontier(args):
@@ -318,13 +320,8 @@ def _frontier(args):
         logit_scales=args.logit_scales, n_tokens=args.n_tokens, n_samples=args.n_samples,
         n_features=args.n_features, rank=args.rank, n_repeats=args.repeats,
         noises=(args.noise,), random_state=args.seed, progress=_Progress("frontier"))
-    out = _out_dir(args)
-    result.to_json(out / "frontier.json")
-    result.to_csv(out / "frontier.csv")
-    _emit(args, result.to_dict(),
-          f"Predictability frontier (recovery rate of the data-only rank)\n{result.format()}\n"
-          f"Wrote {out / 'frontier.json'}, {out / 'frontier.csv'}")
-    return 0
+    return _report_table(args, result, "frontier",
+                         "Predictability frontier (recovery rate of the data-only rank)")
 
 
 # --- parser ----------------------------------------------------------------------------------
