@@ -14,6 +14,7 @@
 """
 
 import numpy as np
+from scipy.linalg import blas
 from sklearn.utils import Bunch
 
 from ._spectrum import optimal_hard_threshold
@@ -95,7 +96,7 @@ class KernelMoments:
             S = Xcb.transpose(0, 2, 1) @ Xcb / X.shape[1]  # mixing moment of each sequence
             P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
             T = S @ VtV @ S
-            self.C += T[:, self.rows, self.cols].T @ P[:, self.rows, self.cols]
+            _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
             # b_s = S_s Vᵀ Y_sᵀ X_s
             self.rhs += np.einsum("sab,kb,sik,sic->ac", S, self.V, Yb, Xb, optimize=True)
             self.P_sum += P.sum(axis=0)
@@ -226,6 +227,21 @@ def qk_kernel_least_squares(X, Y, V, kind):
     One pass of :class:`KernelMoments` over all sequences; see :meth:`KernelMoments.solve`.
     """
     return KernelMoments(V, kind).update(X, Y).solve()
+
+
+def _accumulate_outer(C, A, B):
+    """``C += Aᵀ B`` in place, without the ``m x m`` temporary of ``C + A.T @ B``.
+
+    BLAS sees the C-ordered ``C`` as ``Cᵀ`` in Fortran order: ``Cᵀ += Bᵀ A`` is one GEMM with
+    ``beta = 1`` on ``C``'s own memory (545 MB at ``d = 128`` that need not be allocated twice).
+    """
+    if not (C.flags.c_contiguous and C.dtype == np.float64):
+        C += A.T @ B
+        return
+    result = blas.dgemm(1.0, np.ascontiguousarray(B).T, np.ascontiguousarray(A).T, beta=1.0,
+                        c=C.T, trans_b=1, overwrite_c=1)
+    if not np.shares_memory(result, C):  # BLAS could not work in place: copy back
+        C[...] = result.T
 
 
 def _sqrtm_psd(M):
