@@ -21,8 +21,9 @@ from ._spectrum import optimal_hard_threshold
 
 __all__ = ["token_mixing_data", "per_token_data", "KernelMoments", "qk_kernel_least_squares"]
 
-# Sequences per chunk when accumulating the d^2 x d^2 normal equations.
-_CHUNK = 512
+# Sequences per chunk when accumulating the kernel statistics: the per-sequence moments of a
+# chunk take 3 * _CHUNK * d^2 floats (25 MB at d = 128).
+_CHUNK = 64
 
 
 def token_mixing_data(X, Y):
@@ -61,9 +62,12 @@ class KernelMoments:
     per chunk of sequences. Memory is independent of the number of sequences.
     """
 
-    def __init__(self, V, kind):
+    def __init__(self, V, kind, scale=1.0):
         self.V = np.asarray(V, dtype=np.float64)
         self.kind = kind
+        # X and Y enter divided by this power of two (exact), so that the statistics, cubic and
+        # quartic in X, stay finite for extreme data; they are those of the scaled data.
+        self.scale = scale
         d = self.V.shape[1]
         self.rows, self.cols = np.triu_indices(d)
         m = len(self.rows)
@@ -85,6 +89,8 @@ class KernelMoments:
         VtV = self.V.T @ self.V
         for start in range(0, X.shape[0], _CHUNK):
             Xb, Yb = X[start:start + _CHUNK], Y[start:start + _CHUNK]
+            if self.scale != 1.0:
+                Xb, Yb = Xb / self.scale, Yb / self.scale
             if self.kind == "softmax":
                 # Around uniform weights the output is V x̄ plus a term linear in the centred
                 # moment: y_i - V x̄ = (beta / sqrt(d)) V C Wᵀ x_i.
@@ -109,6 +115,8 @@ class KernelMoments:
         """Add the statistics of other sequences, in place; returns ``self``."""
         if other.n_sequences == 0:
             return self
+        if other.scale != self.scale:
+            raise ValueError("Cannot merge kernel statistics of data scaled differently.")
         if self.n_tokens is not None and other.n_tokens != self.n_tokens:
             raise ValueError(f"All sequences must have {self.n_tokens} tokens. Got "
                              f"{other.n_tokens}.")

@@ -305,9 +305,6 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if first:
             self._fit_mode = mode
             self._statistics = self._new_statistics(X2, Y2)
-        if mode == "kernel":
-            # The kernel statistics are cubic in X: scale the chunk itself (exact powers of 2).
-            X2, Y2 = X2 / self._scales[0], Y2 / self._scales[1]
         self._statistics.update(*self._statistic_rows(X2, Y2))
 
     def _validate_2d(self, X, Y, reset, min_samples):
@@ -357,7 +354,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             if self.criterion in ("rsc", "cv"):
                 raise ValueError(f"criterion={self.criterion!r} is not available with a known "
                                  "value map; use 'threshold' or 'energy'.")
-            return KernelMoments(self._value_map(X.shape[2], Y.shape[2]), self.attention)
+            return KernelMoments(self._value_map(X.shape[2], Y.shape[2]), self.attention,
+                                 scale=self._scales[0])
         X2, Y2 = self._statistic_rows(X[:1], Y[:1])
         return Moments.empty(X2.shape[1], Y2.shape[1], center=self.fit_intercept,
                              scale_x=self._scales[0], scale_y=self._scales[1])
@@ -381,8 +379,6 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             xb, yb = (self._validate_sequences(xb, yb, False) if sequences
                       else self._validate_2d(xb, yb, False, 1))
             statistics = copy.deepcopy(template)
-            if mode == "kernel":
-                xb, yb = xb / self._scales[0], yb / self._scales[1]
             return statistics.update(*self._statistic_rows(xb, yb))
 
         parts = [dask.delayed(block_statistics)(bx, by)
