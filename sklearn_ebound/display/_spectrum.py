@@ -175,16 +175,21 @@ class SpectrumDisplay:
                 raise ValueError(
                     f'`threshold` must be "auto", a number or None. Got {threshold!r} instead.')
             threshold = optimal_hard_threshold(s, sigma, shape=shape)
+        rank = None if threshold is None else int(np.sum(s > threshold))
+        return cls._draw(s, tau, threshold, rank, name, ax, kwargs)
+
+    @classmethod
+    def _draw(cls, s, tau, threshold, threshold_rank, name, ax, plot_kwargs):
         display = cls(
             singular_values=s,
             energy_rank=energy_rank(s, tau),
             entropy_rank=entropy_rank(s),
             threshold=None if threshold is None else float(threshold),
-            threshold_rank=None if threshold is None else int(np.sum(s > threshold)),
+            threshold_rank=threshold_rank,
             tau=tau,
             name=name,
         )
-        return display.plot(ax=ax, **kwargs)
+        return display.plot(ax=ax, **plot_kwargs)
 
     @classmethod
     def from_estimator(cls, estimator, *, tau=None, ax=None, name=None, **kwargs):
@@ -216,13 +221,7 @@ class SpectrumDisplay:
         if name is None:
             criterion = getattr(estimator, "criterion", None)
             name = type(estimator).__name__ + (f" ({criterion})" if criterion else "")
-        display = cls(
-            singular_values=s,
-            energy_rank=energy_rank(s, tau),
-            entropy_rank=entropy_rank(s),
-            threshold=None if threshold is None else float(threshold),
-            threshold_rank=None if threshold is None else int(np.sum(s > threshold)),
-            tau=tau,
-            name=name,
-        )
-        return display.plot(ax=ax, **kwargs)
+        # The estimator's own rank: its threshold tests may be sequential, one edge per root.
+        rank = None if threshold is None else int(getattr(estimator, "rank_",
+                                                          np.sum(s > threshold)))
+        return cls._draw(s, tau, threshold, rank, name, ax, kwargs)
