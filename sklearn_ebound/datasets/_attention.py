@@ -16,7 +16,7 @@ import numpy as np
 from scipy.special import softmax
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
-from ._static import planted_singular_values, random_orthonormal
+from ._static import padded_spectrum, planted_singular_values, random_orthonormal
 
 __all__ = ["make_attention_task", "make_static_mixing_task"]
 
@@ -201,15 +201,13 @@ def make_attention_task(
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if not return_params:
         return X, Y
-    full_s = np.zeros(n_features)
-    full_s[:rank] = s
     params = Bunch(
         vocabulary=vocabulary,
         W_Q=W_Q,
         W_K=W_K,
         W=W,
         V=V,
-        singular_values=full_s,
+        singular_values=padded_spectrum(s, n_features),
         rank=rank,
         kind=kind,
         logit_scale=logit_scale,
@@ -319,15 +317,13 @@ def make_static_mixing_task(
     if kind == "linear":
         logits = None
         mixing = (U * s) @ R.T
-        full_s = np.zeros(n_tokens)
-        full_s[:rank] = s
+        full_s = padded_spectrum(s, n_tokens)
     else:
         # ||L||_F = n: unit root-mean-square logit.
         c = n_tokens / np.linalg.norm(s)
         logits = c * (U * s) @ R.T
         mixing = softmax(logit_scale * logits, axis=-1)
-        full_s = np.zeros(n_tokens)
-        full_s[:rank] = c * s
+        full_s = padded_spectrum(c * s, n_tokens)
 
     X = rng.standard_normal((n_samples, n_tokens, n_features))
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))

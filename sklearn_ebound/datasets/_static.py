@@ -29,6 +29,13 @@ def planted_singular_values(rank, singular_values=None, decay=1.0):
     return decay ** np.arange(rank, dtype=np.float64)
 
 
+def padded_spectrum(s, length):
+    """The planted singular values followed by zeros up to ``length`` (the full spectrum)."""
+    full = np.zeros(length)
+    full[: len(s)] = s
+    return full
+
+
 def random_orthonormal(n, k, rng):
     """An ``n x k`` matrix with orthonormal columns, drawn uniformly (Haar)."""
     if n == 1:
@@ -126,11 +133,9 @@ def make_static_task(
     Y = X @ coef + noise * E
     if not return_params:
         return X, Y
-    full_s = np.zeros(min(n_features, n_targets))
-    full_s[:rank] = s
     params = Bunch(
         coef=coef,
-        singular_values=full_s,
+        singular_values=padded_spectrum(s, min(n_features, n_targets)),
         rank=rank,
         noise=noise,
         input_covariance=cov_x,
