@@ -248,7 +248,7 @@ def write_docs(results):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two cells, 4 repetitions each")
-    parser.add_argument("--reps", type=int, default=50, help="repetitions per grid cell")
+    parser.add_argument("--reps", type=int, default=200, help="repetitions per grid cell")
     parser.add_argument("--n-jobs", type=int, default=2)
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)

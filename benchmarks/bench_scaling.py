@@ -29,7 +29,6 @@ from sklearn.linear_model import LinearRegression
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._moments import Moments
-from sklearn_ebound._operators import canonical_correlations, null_edge_canonical
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scaling.json"
@@ -56,10 +55,8 @@ def chunks(n_rows, p, q, chunk_rows, seed=0):
 
 
 def _rank_from_moments(moments):
-    """The default criterion's rank read from accumulated moments (Tracy–Widom cut)."""
-    rho, x_rank, y_rank = canonical_correlations(moments)
-    edge = null_edge_canonical(x_rank, y_rank, moments.dof)
-    return int(np.sum(rho > np.sqrt(edge)))
+    """The default criterion's rank read from accumulated moments (the estimator's own step)."""
+    return IntrinsicRankEstimator()._read_static(moments).rank_
 
 
 def stream_fit(n_rows, p, q, chunk_rows):

@@ -5,9 +5,9 @@ Static data-only recovery: r* before any training
 
 The intrinsic rank can be read from data before any model is trained:
 :class:`~sklearn_ebound.IntrinsicRankEstimator` solves the second moments of the data for
-the least-squares operator and counts the singular values of its noise-whitened form
-(canonical correlations) above the largest value pure noise reaches. Correlated inputs and
-correlated noise do not fool it.
+the least-squares operator and counts the singular values of its fitted values above the
+largest value the noise in them reaches, for the noise covariance the residuals show.
+Correlated inputs and correlated noise do not fool it.
 """
 
 # %%

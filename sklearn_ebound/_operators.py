@@ -1,4 +1,4 @@
-"""Operators solved from moments: least squares, reduced rank, noise-whitened spectra.
+"""Operators solved from moments: least squares, reduced rank, and the edges of noise.
 
 Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments.Moments`,
 ``B`` the least-squares (or ridge) operator with ``Y ~ X B``.
@@ -7,13 +7,14 @@ Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import brentq
 
 __all__ = [
     "StaticOperator",
     "solve_static",
-    "canonical_correlations",
-    "null_edge_canonical",
     "null_edge_white",
+    "null_edge_correlated",
+    "shrunk_noise_covariance",
     "residuals_look_white",
 ]
 
@@ -126,52 +127,8 @@ def solve_static(moments, alpha=0.0):
     )
 
 
-def canonical_correlations(moments):
-    """Canonical correlations between ``X`` and ``Y``, largest first.
-
-    They are the singular values of ``Wx^T Cxy Wy`` with ``Wx, Wy`` whitening the two sets,
-    and do not change under any invertible linear map of the inputs or of the outputs. Their
-    squares are the eigenvalues of ``(H + E)^{-1} H`` with ``H`` the fitted and ``E`` the
-    residual cross-products: the noise-whitened spectrum of the operator.
-    """
-    Wx = _whitening_basis(moments.xx)
-    Wy = _whitening_basis(moments.yy)
-    if Wx.shape[1] == 0 or Wy.shape[1] == 0:
-        return np.zeros(0), Wx.shape[1], Wy.shape[1]
-    rho = np.linalg.svd(Wx.T @ moments.xy @ Wy, compute_uv=False)
-    return np.clip(rho, 0.0, 1.0), Wx.shape[1], Wy.shape[1]
-
-
 # 99.9% quantile of the Tracy-Widom law for real matrices (beta = 1).
 _TW1_Q999 = 3.2724
-
-
-def null_edge_canonical(n_inputs, n_outputs, dof):
-    """Largest squared canonical correlation expected from pure noise (99.9% level).
-
-    Under independence of ``X`` (rank ``n_inputs``) and ``Y`` (rank ``n_outputs``) with ``dof``
-    degrees of freedom, the squared canonical correlations follow a Jacobi (double Wishart)
-    ensemble. Johnstone (2008) shows that ``logit(theta_1)`` is approximately
-    ``mu + sigma * TW1``; the threshold is that approximation's 99.9% quantile. Returns ``None``
-    when the residual degrees of freedom cannot estimate the noise (``dof <= n_inputs +
-    n_outputs``, where every canonical correlation is forced towards 1).
-    """
-    p = n_outputs
-    n_h = n_inputs
-    m = dof - n_inputs  # error degrees of freedom
-    if m <= p or n_h < 1 or p < 1:
-        return None
-    total = m + n_h - 1
-    # Johnstone (2008), Theorem 1: angles from the dimensions, then centring and scaling of
-    # the logit of the largest root.
-    gamma = 2 * np.arcsin(np.sqrt((min(p, n_h) - 0.5) / total))
-    phi = 2 * np.arcsin(np.sqrt((max(p, n_h) - 0.5) / total))
-    if gamma + phi >= np.pi:
-        return None
-    mu = 2 * np.log(np.tan((phi + gamma) / 2))
-    sigma = (16 / total**2 / (np.sin(phi + gamma) ** 2 * np.sin(phi) * np.sin(gamma))) ** (1 / 3)
-    logit = mu + _TW1_Q999 * sigma
-    return 1 / (1 + np.exp(-logit))
 
 
 def null_edge_white(n_rows, n_cols):
@@ -208,3 +165,70 @@ def residuals_look_white(residual, dof):
         return True
     u = q * np.sum(residual * residual) / trace**2 - 1
     return (dof * u - q - 1) / 2 <= _Z_Q999
+
+
+def null_edge_correlated(noise_eigenvalues, n_rows):
+    """Largest squared singular value of an ``n_rows x q`` Gaussian matrix whose rows have a
+    covariance with eigenvalues ``noise_eigenvalues``, at the 99.9% level.
+
+    El Karoui (2007), real case Lee & Schnelli (2016): with ``t_j`` the eigenvalues and
+    ``c in (0, 1 / max t)`` the root of ``sum_j (t_j c / (1 - t_j c))^2 = n``, the largest
+    eigenvalue of ``ZᵀZ`` is about ``n mu + n sigma TW1`` with
+    ``mu = (1 + sum_j t_j c / (1 - t_j c) / n) / c`` and
+    ``sigma = (1 + sum_j (t_j c / (1 - t_j c))^3 / n)^{1/3} / (n^{2/3} c)``. Johnstone's
+    half-integer corrections (``n - 1/2`` rows, ``q - 1/2`` columns) make it equal
+    :func:`null_edge_white` when every ``t_j`` is 1. An isolated large eigenvalue (a spike)
+    makes the edge conservative: the largest eigenvalue then fluctuates less than TW1 says.
+    """
+    t = np.asarray(noise_eigenvalues, dtype=np.float64)
+    t = t[t > 0]
+    if t.size == 0 or n_rows < 1:
+        return 0.0
+    n = n_rows - 0.5
+    weight = (t.size - 0.5) / t.size
+    top = (1 - 1e-12) / t.max()
+
+    def excess(c):
+        ratio = t * c / (1 - t * c)
+        return weight * np.sum(ratio**2) - n
+
+    c = brentq(excess, 0.0, top) if excess(top) > 0 else top
+    ratio = t * c / (1 - t * c)
+    mu = (1 + weight * np.sum(ratio) / n) / c
+    sigma = (1 + weight * np.sum(ratio**3) / n) ** (1 / 3) / (n ** (2 / 3) * c)
+    return n * (mu + _TW1_Q999 * sigma)
+
+
+def shrunk_noise_covariance(residual, dof):
+    """Noise covariance from residual cross-products with ``dof`` degrees of freedom, as
+    eigenvalues and eigenvectors, for the edge of the noise in the fitted values.
+
+    The sample covariance ``S = residual / dof`` spreads its eigenvalues (Marchenko–Pastur), so
+    an edge computed from it is far too high when ``q / dof`` is not small. The oracle
+    approximating shrinkage (Chen, Wiesel, Eldar & Hero 2010) pulls ``S`` towards
+    ``tr(S) / q I`` with a weight computed from ``S`` alone (Gaussian noise), which is all that
+    moments keep. Shrinkage also pulls a strong noise direction (a spike) down, which would put
+    the edge too low; so a sample eigenvalue the shrunk covariance cannot explain (above its own
+    99.9% edge for ``dof`` rows) keeps the population value the spiked model gives it,
+    ``ell = lambda (1 + gamma s2 / (lambda - s2))`` solved for ``lambda`` (Baik & Silverstein
+    2006; Paul 2007), ``gamma = q / dof`` and ``s2`` the mean of the other eigenvalues.
+    """
+    q = residual.shape[0]
+    sample, vectors = np.linalg.eigh(residual / dof)
+    sample = np.clip(sample, 0.0, None)
+    total, squares = sample.sum(), np.sum(sample**2)
+    if total <= 0 or q < 2:
+        return sample, vectors
+    # OAS weight: ((1 - 2/q) tr(S^2) + tr(S)^2) / ((dof + 1 - 2/q) (tr(S^2) - tr(S)^2 / q)).
+    spread = (dof + 1 - 2 / q) * (squares - total**2 / q)
+    weight = 1.0 if spread <= 0 else min(1.0, ((1 - 2 / q) * squares + total**2) / spread)
+    shrunk = (1 - weight) * sample + weight * total / q
+    spikes = sample > null_edge_correlated(shrunk, dof) / dof
+    if spikes.any() and not spikes.all():
+        bulk = sample[~spikes].mean()
+        gamma = q / dof
+        ell = sample[spikes] / bulk
+        b = ell + 1 - gamma
+        population = bulk * (b + np.sqrt(np.clip(b**2 - 4 * ell, 0.0, None))) / 2
+        shrunk[spikes] = np.maximum(shrunk[spikes], population)
+    return shrunk, vectors

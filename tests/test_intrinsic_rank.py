@@ -111,10 +111,10 @@ def test_noise_free_task_is_exact():
         assert IntrinsicRankEstimator(criterion=criterion).fit(X, Y).rank_ == 3
 
 
-def test_too_few_samples_to_whiten_warns_and_still_answers():
+def test_fewer_residual_dof_than_targets_warns_and_still_answers():
     X, Y = make_static_task(30, 10, 25, rank=2, singular_values=[20, 15], noise=0.1,
                             noise_correlation=0.9, random_state=0)
-    with pytest.warns(RankEstimationWarning, match="whiten"):
+    with pytest.warns(RankEstimationWarning, match="shrinkage estimate"):
         est = IntrinsicRankEstimator().fit(X, Y)
     assert est.rank_ == 2
     assert est.noise_variance_ == pytest.approx(0.01, rel=0.5)
