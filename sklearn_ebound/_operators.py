@@ -12,6 +12,8 @@ from scipy.optimize import brentq
 __all__ = [
     "StaticOperator",
     "solve_static",
+    "canonical_correlations",
+    "null_edge_canonical",
     "null_edge_white",
     "null_edge_correlated",
     "shrunk_noise_covariance",
@@ -127,8 +129,52 @@ def solve_static(moments, alpha=0.0):
     )
 
 
+def canonical_correlations(moments):
+    """Canonical correlations between ``X`` and ``Y``, largest first.
+
+    They are the singular values of ``Wx^T Cxy Wy`` with ``Wx, Wy`` whitening the two sets,
+    and do not change under any invertible linear map of the inputs or of the outputs. Their
+    squares are the eigenvalues of ``(H + E)^{-1} H`` with ``H`` the fitted and ``E`` the
+    residual cross-products: the noise-whitened spectrum of the operator.
+    """
+    Wx = _whitening_basis(moments.xx)
+    Wy = _whitening_basis(moments.yy)
+    if Wx.shape[1] == 0 or Wy.shape[1] == 0:
+        return np.zeros(0), Wx.shape[1], Wy.shape[1]
+    rho = np.linalg.svd(Wx.T @ moments.xy @ Wy, compute_uv=False)
+    return np.clip(rho, 0.0, 1.0), Wx.shape[1], Wy.shape[1]
+
+
 # 99.9% quantile of the Tracy-Widom law for real matrices (beta = 1).
 _TW1_Q999 = 3.2724
+
+
+def null_edge_canonical(n_inputs, n_outputs, dof):
+    """Largest squared canonical correlation expected from pure noise (99.9% level).
+
+    Under independence of ``X`` (rank ``n_inputs``) and ``Y`` (rank ``n_outputs``) with ``dof``
+    degrees of freedom, the squared canonical correlations follow a Jacobi (double Wishart)
+    ensemble. Johnstone (2008) shows that ``logit(theta_1)`` is approximately
+    ``mu + sigma * TW1``; the threshold is that approximation's 99.9% quantile. Returns ``None``
+    when the residual degrees of freedom cannot estimate the noise (``dof <= n_inputs +
+    n_outputs``, where every canonical correlation is forced towards 1).
+    """
+    p = n_outputs
+    n_h = n_inputs
+    m = dof - n_inputs  # error degrees of freedom
+    if m <= p or n_h < 1 or p < 1:
+        return None
+    total = m + n_h - 1
+    # Johnstone (2008), Theorem 1: angles from the dimensions, then centring and scaling of
+    # the logit of the largest root.
+    gamma = 2 * np.arcsin(np.sqrt((min(p, n_h) - 0.5) / total))
+    phi = 2 * np.arcsin(np.sqrt((max(p, n_h) - 0.5) / total))
+    if gamma + phi >= np.pi:
+        return None
+    mu = 2 * np.log(np.tan((phi + gamma) / 2))
+    sigma = (16 / total**2 / (np.sin(phi + gamma) ** 2 * np.sin(phi) * np.sin(gamma))) ** (1 / 3)
+    logit = mu + _TW1_Q999 * sigma
+    return 1 / (1 + np.exp(-logit))
 
 
 def null_edge_white(n_rows, n_cols):
@@ -163,7 +209,8 @@ def residuals_look_white(residual, dof):
     trace = np.trace(residual)
     if q < 2 or dof < 2 or trace <= 0:
         return True
-    u = q * np.sum(residual * residual) / trace**2 - 1
+    unit = residual / trace  # tr = 1: no under- or overflow in tr(S^2) / tr(S)^2
+    u = q * np.sum(unit * unit) - 1
     return (dof * u - q - 1) / 2 <= _Z_Q999
 
 
