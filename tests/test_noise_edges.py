@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound.datasets import make_static_task
 from sklearn_ebound._operators import (
     null_edge_correlated,
     null_edge_white,
     shrunk_noise_covariance,
 )
+from sklearn_ebound.datasets import make_static_task
 from sklearn_ebound.datasets._static import ar1_covariance
 
 
