@@ -35,7 +35,8 @@ def _whitening_basis(gram):
     keep = scale > 0
     inv_scale = np.zeros_like(scale)
     inv_scale[keep] = 1.0 / scale[keep]
-    corr = gram * np.outer(inv_scale, inv_scale)
+    # One side at a time: |gram_ij| / s_i <= s_j, so no intermediate overflows.
+    corr = (gram * inv_scale[:, None]) * inv_scale[None, :]
     evals, evecs = np.linalg.eigh(corr)
     top = evals[-1] if evals.size else 0.0
     nonnull = evals > _GRAM_RTOL * top if top > 0 else np.zeros_like(evals, dtype=bool)
