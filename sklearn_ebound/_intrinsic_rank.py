@@ -49,13 +49,14 @@ def _one_standard_error_rank(ranks, scores):
 
 def _sequential_count(values, edge):
     """Number of leading ``values`` (decreasing) above their own ``edge(k)``, stopping at the
-    first that is not; the edges are computed only as far as the count goes, and a missing
-    edge (``None``) stops the count."""
+    first that is not, and the last edge computed (the cut; ``None`` for no values). The
+    edges are computed only as far as the count goes; a missing edge (``None``) stops it."""
+    cut = None
     for k, value in enumerate(values):
-        edge_k = edge(k)
-        if edge_k is None or value <= edge_k:
-            return k
-    return len(values)
+        cut = edge(k)
+        if cut is None or value <= cut:
+            return k, cut
+    return len(values), cut
 
 
 def _orthonormal_directions(directions):
@@ -117,8 +118,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           (Tracy–Widom approximations). When the residuals are white (John's sphericity
           test), the edge is that of a ``rank(X) x q`` Gaussian matrix scaled by the residual
           noise level (Johnstone 2001). When they are correlated, two tests run and the larger
-          rank is kept (a Bonferroni union, level at least 99.8%): the fitted values against
-          the edge for the residual noise covariance (El Karoui 2007), estimated with oracle
+          rank is kept (a Bonferroni union, false positives at most 0.2%): the fitted values
+          against the edge for the residual noise covariance (El Karoui 2007), estimated with oracle
           approximating shrinkage (Chen, Wiesel, Eldar & Hero 2010) with the strong noise
           directions that shrinkage would pull down restored by the spiked-covariance model;
           and the canonical correlations between ``X`` and ``Y`` (the noise-whitened
@@ -581,7 +582,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         White residuals (John's sphericity test keeps ``sigma^2 I``): the fitted values'
         largest eigenvalue has a Tracy–Widom law around ``sigma^2 (sqrt(rank X) + sqrt(q))^2``
         (Johnstone 2001). Correlated residuals: two tests, each at 99.9%, and the larger rank
-        (a Bonferroni union, level at most 99.8%):
+        (a Bonferroni union: a false-positive rate of at most 0.2%):
 
         - the fitted values against the edge for ``Sigma`` estimated by
           :func:`shrunk_noise_covariance` (El Karoui 2007), powerful when ``q / dof`` is not
@@ -616,7 +617,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
             def edge(k):
                 return null_edge_correlated(np.linalg.eigvalsh(noise[k:, k:]), k_x - k)
-        rank = _sequential_count(s**2, edge)
+        rank, cut = _sequential_count(s**2, edge)
         if not white:
             whitened = self._canonical_rank(moments)
             if whitened is None:
@@ -630,8 +631,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 self.threshold_ = float(np.sqrt(cut)) if cut is not None else None
                 self._spectrum_unit = None  # canonical correlations have no unit
                 return rank, rho
-        self.threshold_ = float(np.sqrt(edge(min(rank, len(s) - 1)) / moments.n)) if len(
-            s) else 0.0
+        self.threshold_ = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
         return rank, spectrum
 
     def _canonical_rank(self, moments):
@@ -645,8 +645,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         def edge(k):  # removing k roots leaves k fewer dimensions on each side
             return null_edge_canonical(x_rank - k, y_rank - k, moments.dof - k)
 
-        rank = _sequential_count(rho**2, edge)
-        return rank, rho, edge(min(rank, len(rho) - 1))
+        rank, cut = _sequential_count(rho**2, edge)
+        return rank, rho, cut
 
     def _set_common(self, moments, s, rank, directions, spectrum):
         self._operator_spectrum = s
