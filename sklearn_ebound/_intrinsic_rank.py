@@ -20,11 +20,12 @@ from ._dask import dask_sample_blocks, is_dask_array, tree_merge
 from ._moments import Moments, power_of_two_scale
 from ._operators import (
     canonical_correlations,
+    edge_matched_noise_covariance,
+    largest_eigenvalue_law,
     null_edge_canonical,
-    null_edge_correlated,
+    null_edge_ratio,
     null_edge_white,
     residuals_look_white,
-    shrunk_noise_covariance,
     solve_static,
 )
 from ._reduced_rank import rank_path_scores
@@ -584,9 +585,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         (Johnstone 2001). Correlated residuals: two tests, each at 99.9%, and the larger rank
         (a Bonferroni union: a false-positive rate of at most 0.2%):
 
-        - the fitted values against the edge for ``Sigma`` estimated by
-          :func:`shrunk_noise_covariance` (El Karoui 2007), powerful when ``q / dof`` is not
-          small, where whitening with the sample covariance costs much;
+        - the fitted values against the residuals: both noises have the covariance
+          ``Sigma``, so the ratio of their largest eigenvalues in the directions left is
+          nearly free of it (exactly so at ``rank(X) = dof``). The edge is the observed largest
+          residual eigenvalue times the ratio's 99.9% quantile (:func:`null_edge_ratio`, the
+          two Tracy–Widom laws of El Karoui 2007), ``Sigma``'s shape in that ratio coming from
+          :func:`edge_matched_noise_covariance`. It keeps its power when ``q / dof`` is not
+          small, where whitening with the sample covariance costs much, and works for
+          ``dof <= q``;
         - the canonical correlations (the spectrum whitened by the sample noise covariance)
           against the Jacobi ensemble's edge (Johnstone 2008), exact for any ``Sigma`` and
           powerful when the signal lies where the noise is weak; it needs
@@ -609,14 +615,26 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             def edge(k):
                 return sigma**2 * null_edge_white(k_x - k, n_targets - k)
         else:
-            values, vectors = shrunk_noise_covariance(operator.residual, dof)
-            # The noise covariance in the basis of the output directions: after k accepted
-            # directions the noise left is its trailing (q - k) x (q - k) block.
-            basis = vectors.T @ operator.output_directions
+            values, vectors = edge_matched_noise_covariance(operator.residual, dof)
+            # Noise covariance and residual cross-products in the basis of the output
+            # directions: after k accepted directions the noise left is in the trailing
+            # (q - k) x (q - k) blocks.
+            directions = operator.output_directions
+            basis = vectors.T @ directions
             noise = (basis.T * values) @ basis
+            residual = directions.T @ operator.residual @ directions
 
             def edge(k):
-                return null_edge_correlated(np.linalg.eigvalsh(noise[k:, k:]), k_x - k)
+                shape = np.linalg.eigvalsh(noise[k:, k:])
+                observed = np.linalg.eigvalsh(residual[k:, k:])[-1]
+                # A noise spike's eigenvalue fluctuates more than TW1: its own law for the
+                # observed one, whose low draws would otherwise pass for signal; El Karoui's
+                # law over all eigenvalues (conservative above) for the fitted values.
+                fitted_law = largest_eigenvalue_law(shape, k_x - k, detach_spike=False)
+                residual_law = largest_eigenvalue_law(shape, dof)
+                if observed <= 0 or residual_law.mean <= 0:
+                    return 0.0  # no noise left in these directions
+                return observed * null_edge_ratio(fitted_law, residual_law)
         rank, cut = _sequential_count(s**2, edge)
         if not white:
             whitened = self._canonical_rank(moments)

@@ -7,6 +7,8 @@ Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
+from scipy.integrate import trapezoid
 from scipy.optimize import brentq
 
 __all__ = [
@@ -15,8 +17,12 @@ __all__ = [
     "canonical_correlations",
     "null_edge_canonical",
     "null_edge_white",
+    "LargestEigenvalueLaw",
+    "largest_eigenvalue_law",
     "null_edge_correlated",
-    "shrunk_noise_covariance",
+    "null_edge_ratio",
+    "edge_matched_noise_covariance",
+    "tracy_widom_sf",
     "residuals_look_white",
 ]
 
@@ -215,23 +221,9 @@ def residuals_look_white(residual, dof):
     return (dof * u - q - 1) / 2 <= _Z_Q999
 
 
-def null_edge_correlated(noise_eigenvalues, n_rows):
-    """Largest squared singular value of an ``n_rows x q`` Gaussian matrix whose rows have a
-    covariance with eigenvalues ``noise_eigenvalues``, at the 99.9% level.
-
-    El Karoui (2007), real case Lee & Schnelli (2016): with ``t_j`` the eigenvalues and
-    ``c in (0, 1 / max t)`` the root of ``sum_j (t_j c / (1 - t_j c))^2 = n``, the largest
-    eigenvalue of ``ZᵀZ`` is about ``n mu + n sigma TW1`` with
-    ``mu = (1 + sum_j t_j c / (1 - t_j c) / n) / c`` and
-    ``sigma = (1 + sum_j (t_j c / (1 - t_j c))^3 / n)^{1/3} / (n^{2/3} c)``. Johnstone's
-    half-integer corrections (``n - 1/2`` rows, ``q - 1/2`` columns) make it equal
-    :func:`null_edge_white` when every ``t_j`` is 1. An isolated large eigenvalue (a spike)
-    makes the edge conservative: the largest eigenvalue then fluctuates less than TW1 says.
-    """
-    t = np.asarray(noise_eigenvalues, dtype=np.float64)
-    t = t[t > 0]
-    if t.size == 0 or n_rows < 1:
-        return 0.0
+def _tracy_widom_law(t, n_rows):
+    """El Karoui's (2007) centring and scale of the largest eigenvalue (see
+    :func:`largest_eigenvalue_law`)."""
     n = n_rows - 0.5
     weight = (t.size - 0.5) / t.size
     top = (1 - 1e-12) / t.max()
@@ -244,39 +236,189 @@ def null_edge_correlated(noise_eigenvalues, n_rows):
     ratio = t * c / (1 - t * c)
     mu = (1 + weight * np.sum(ratio) / n) / c
     sigma = (1 + weight * np.sum(ratio**3) / n) ** (1 / 3) / (n ** (2 / 3) * c)
-    return n * (mu + _TW1_Q999 * sigma)
+    return n * mu, n * sigma
 
 
-def shrunk_noise_covariance(residual, dof):
+# The Tracy–Widom law TW1 as a shifted gamma law, Gamma(46.446, scale 0.186054) - 9.84801
+# (Chiani 2014): its first four moments are TW1's. Its mean is TW1's, -1.2065.
+_TW1_GAMMA_SHAPE, _TW1_GAMMA_SCALE, _TW1_GAMMA_SHIFT = 46.446, 0.186054, 9.84801
+_TW1_MEAN = -1.2065
+# Where the gamma form of TW1 has its mass (below: none; above: under 1e-15), and the
+# probabilities at which a spike's law is resolved.
+_TW1_GRID = np.linspace(-_TW1_GAMMA_SHIFT, 12.0, 4001)[1:]
+_SPIKE_GRID = stats.norm.cdf(np.linspace(-8.0, 8.0, 4001))
+
+
+def tracy_widom_sf(x):
+    """Survival function ``P(TW1 > x)`` of the Tracy–Widom law (real case), from Chiani's
+    (2014) shifted-gamma form."""
+    return stats.gamma.sf(np.asarray(x, dtype=np.float64) + _TW1_GAMMA_SHIFT,
+                          _TW1_GAMMA_SHAPE, scale=_TW1_GAMMA_SCALE)
+
+
+def _tracy_widom_pdf(x):
+    return stats.gamma.pdf(np.asarray(x, dtype=np.float64) + _TW1_GAMMA_SHIFT,
+                           _TW1_GAMMA_SHAPE, scale=_TW1_GAMMA_SCALE)
+
+
+@dataclass(frozen=True)
+class LargestEigenvalueLaw:
+    """Law of the largest eigenvalue of a Wishart matrix: the larger of the bulk's edge,
+    ``mu + sigma TW1``, and, when the covariance has a detached spike, that spike's sample
+    eigenvalue (taken independent), a gamma law of mean ``spike_mean`` and standard deviation
+    ``spike_sd`` (with no bulk around it, ``a chi2_n``)."""
+
+    mu: float
+    sigma: float
+    spike_mean: float = 0.0
+    spike_sd: float = 0.0
+
+    def sf(self, x):
+        """``P(largest > x)``."""
+        x = np.asarray(x, dtype=np.float64)
+        below = 1.0 - self._tracy_widom_sf(x)
+        if self.spike_sd > 0:
+            below = below * self._spike().cdf(x)
+        return 1.0 - below
+
+    def _spike(self):
+        shape = (self.spike_mean / self.spike_sd) ** 2
+        return stats.gamma(shape, scale=self.spike_sd**2 / self.spike_mean)
+
+    def _tracy_widom_sf(self, x):
+        if self.sigma <= 0:
+            return (x < self.mu).astype(np.float64)
+        return tracy_widom_sf((x - self.mu) / self.sigma)
+
+    @property
+    def mean(self):
+        """Mean of the largest eigenvalue (of the larger of the two parts)."""
+        if self.spike_sd <= 0:
+            return self.mu + _TW1_MEAN * self.sigma
+        x, density = self.support()
+        return trapezoid(x * density, x)
+
+    def support(self):
+        """Points covering the law's mass and its density there."""
+        if self.sigma <= 0 and self.spike_sd <= 0:
+            return np.array([self.mu]), np.array([1.0])
+        parts = []
+        if self.sigma > 0:
+            parts.append(self.mu + self.sigma * _TW1_GRID)
+        if self.spike_sd > 0:
+            parts.append(self._spike().ppf(_SPIKE_GRID))
+        x = np.unique(np.concatenate(parts))
+        cdf = 1.0 - self.sf(x)
+        return x, np.gradient(cdf, x)
+
+    def quantile(self, level):
+        """The ``level`` quantile."""
+        if self.sigma <= 0 and self.spike_sd <= 0:
+            return self.mu
+        high = max(self.mu + 20 * self.sigma, self.spike_mean + 9 * self.spike_sd)
+        return brentq(lambda x: self.sf(x) - (1 - level), 0.0, high, xtol=1e-12 * high)
+
+
+def largest_eigenvalue_law(noise_eigenvalues, n_rows, detach_spike=True):
+    """Law of the largest eigenvalue of ``ZᵀZ``, ``Z`` an ``n_rows x q`` Gaussian matrix whose
+    rows have a covariance with eigenvalues ``noise_eigenvalues``.
+
+    Bulk: El Karoui (2007), real case Lee & Schnelli (2016). With ``t_j`` the eigenvalues and
+    ``c in (0, 1 / max t)`` the root of ``sum_j (t_j c / (1 - t_j c))^2 = n``, the bulk's
+    largest eigenvalue is about ``mu + sigma TW1``, ``mu = n (1 + sum_j t_j c / (1 - t_j c) /
+    n) / c`` and ``sigma = n (1 + sum_j (t_j c / (1 - t_j c))^3 / n)^{1/3} / (n^{2/3} c)``.
+    Johnstone's half-integer corrections (``n - 1/2`` rows, ``q - 1/2`` columns) make it
+    Johnstone's (2001) law when every ``t_j`` is 1.
+
+    Spike: a largest ``t_1 = a`` far enough from the others,
+    ``psi'(a) = 1 - sum_{j > 1} t_j^2 / (a - t_j)^2 / n > 0``, has a sample eigenvalue of its
+    own, asymptotically normal with mean ``n psi(a)``,
+    ``psi(a) = a (1 + sum_{j > 1} t_j / (a - t_j) / n)``, and variance ``2 n a^2 psi'(a)``
+    (Baik, Ben Arous & Péché 2005; Bai & Yao 2008), which fluctuates far more than TW1 says;
+    a gamma law with these two moments keeps the right skew of ``a chi2_n`` at finite ``n``.
+    The bulk is then that of the others. With ``detach_spike=False`` the bulk law covers every
+    eigenvalue: near a spike its upper tail is then conservative but its lower tail far too
+    thin.
+    """
+    t = np.sort(np.asarray(noise_eigenvalues, dtype=np.float64))
+    t = t[t > 0]
+    if t.size == 0 or n_rows < 1:
+        return LargestEigenvalueLaw(0.0, 0.0)
+    if detach_spike and t.size > 1 and t[-1] > t[-2]:
+        a, rest = t[-1], t[:-1]
+        slope = 1 - np.sum(rest**2 / (a - rest) ** 2) / n_rows
+        if slope > 0:
+            psi = a * (1 + np.sum(rest / (a - rest)) / n_rows)
+            return LargestEigenvalueLaw(*_tracy_widom_law(rest, n_rows), spike_mean=n_rows * psi,
+                                        spike_sd=np.sqrt(2 * n_rows * a**2 * slope))
+    return LargestEigenvalueLaw(*_tracy_widom_law(t, n_rows))
+
+
+def null_edge_correlated(noise_eigenvalues, n_rows):
+    """Largest squared singular value of an ``n_rows x q`` Gaussian matrix whose rows have a
+    covariance with eigenvalues ``noise_eigenvalues``, at the 99.9% level: the quantile of
+    El Karoui's law over every eigenvalue (:func:`largest_eigenvalue_law` with
+    ``detach_spike=False``), conservative near a spike. It equals :func:`null_edge_white` when
+    every eigenvalue is 1.
+    """
+    law = largest_eigenvalue_law(noise_eigenvalues, n_rows, detach_spike=False)
+    return law.mu + _TW1_Q999 * law.sigma
+
+
+def null_edge_ratio(numerator, denominator, level=0.999):
+    """Quantile at ``level`` of ``A / B`` for independent largest eigenvalues ``A`` and ``B``
+    with the laws ``numerator`` and ``denominator`` (:class:`LargestEigenvalueLaw`): the
+    edge of one largest eigenvalue relative to another one observed. Solves
+    ``E_B[P(A > t B)] = 1 - level``.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1); got {level!r}.")
+    if denominator.mean <= 0:
+        raise ValueError("The denominator's law must have a positive mean.")
+    if numerator.sigma <= 0 and numerator.spike_sd <= 0:  # no rows: the edge is 0
+        return numerator.mu / denominator.mean
+    x, density = denominator.support()
+    if x.size == 1:
+        return numerator.quantile(level) / x[0]
+
+    def excess(t):
+        # A denominator <= 0 lies only far in its lower tail: it counts as exceeded.
+        return trapezoid(numerator.sf(t * x) * density, x) - (1 - level)
+
+    high = 2 * numerator.quantile(level) / denominator.mean
+    while excess(high) > 0:
+        high *= 2
+    return brentq(excess, 0.0, high, xtol=1e-10 * high)
+
+
+def edge_matched_noise_covariance(residual, dof):
     """Noise covariance from residual cross-products with ``dof`` degrees of freedom, as
-    eigenvalues and eigenvectors, for the edge of the noise in the fitted values.
+    eigenvalues and eigenvectors, shaped for the edge of the noise in the fitted values.
 
-    The sample covariance ``S = residual / dof`` spreads its eigenvalues (Marchenko–Pastur), so
-    an edge computed from it is far too high when ``q / dof`` is not small. The oracle
-    approximating shrinkage (Chen, Wiesel, Eldar & Hero 2010) pulls ``S`` towards
-    ``tr(S) / q I`` with a weight computed from ``S`` alone (Gaussian noise), which is all that
-    moments keep. Shrinkage also pulls a strong noise direction (a spike) down, which would put
-    the edge too low; so a sample eigenvalue the shrunk covariance cannot explain (above its own
-    99.9% edge for ``dof`` rows) keeps the population value the spiked model gives it,
-    ``ell = lambda (1 + gamma s2 / (lambda - s2))`` solved for ``lambda`` (Baik & Silverstein
-    2006; Paul 2007), ``gamma = q / dof`` and ``s2`` the mean of the other eigenvalues.
+    The sample covariance ``S = residual / dof`` spreads its eigenvalues (Marchenko–Pastur),
+    so an edge computed from it is far too high when ``q / dof`` is not small; shrinkage for
+    a small Frobenius error (Ledoit–Wolf, OAS) narrows them too much, so an edge from it is
+    too low. The edge depends on the upper end of the spectrum, so the shrinkage
+    ``S_theta = (1 - theta) S + theta tr(S) / q I`` takes the ``theta`` in ``[0, 1]`` under
+    which the residuals' own largest eigenvalue is as expected: the mean of
+    :func:`largest_eigenvalue_law` for ``S_theta`` and ``dof`` rows equals the observed one.
+    The trace is kept. Only the moments are needed, so streaming and dask still work.
     """
     q = residual.shape[0]
     sample, vectors = np.linalg.eigh(residual / dof)
     sample = np.clip(sample, 0.0, None)
-    total, squares = sample.sum(), np.sum(sample**2)
-    if total <= 0 or q < 2:
+    mean = sample.mean()
+    if mean <= 0 or q < 2:
         return sample, vectors
-    # OAS weight: ((1 - 2/q) tr(S^2) + tr(S)^2) / ((dof + 1 - 2/q) (tr(S^2) - tr(S)^2 / q)).
-    spread = (dof + 1 - 2 / q) * (squares - total**2 / q)
-    weight = 1.0 if spread <= 0 else min(1.0, ((1 - 2 / q) * squares + total**2) / spread)
-    shrunk = (1 - weight) * sample + weight * total / q
-    spikes = sample > null_edge_correlated(shrunk, dof) / dof
-    if spikes.any() and not spikes.all():
-        bulk = sample[~spikes].mean()
-        gamma = q / dof
-        ell = sample[spikes] / bulk
-        b = ell + 1 - gamma
-        population = bulk * (b + np.sqrt(np.clip(b**2 - 4 * ell, 0.0, None))) / 2
-        shrunk[spikes] = np.maximum(shrunk[spikes], population)
-    return shrunk, vectors
+    observed = sample[-1] * dof
+
+    def excess(theta):
+        return largest_eigenvalue_law((1 - theta) * sample + theta * mean, dof).mean - observed
+
+    if excess(1.0) >= 0:  # white noise of the same trace explains the largest eigenvalue
+        theta = 1.0
+    elif excess(0.0) <= 0:
+        theta = 0.0
+    else:
+        theta = brentq(excess, 0.0, 1.0, xtol=1e-6)
+    return (1 - theta) * sample + theta * mean, vectors

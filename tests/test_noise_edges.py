@@ -1,5 +1,5 @@
-"""The edge of the noise in the fitted values, for white and correlated noise, and the noise
-covariance estimate it uses."""
+"""The edge of the noise in the fitted values, for white and correlated noise, the noise
+covariance estimate it uses, and the Tracy–Widom laws behind both."""
 
 import numpy as np
 import pytest
@@ -8,9 +8,13 @@ from hypothesis import strategies as st
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._operators import (
+    LargestEigenvalueLaw,
+    edge_matched_noise_covariance,
+    largest_eigenvalue_law,
     null_edge_correlated,
+    null_edge_ratio,
     null_edge_white,
-    shrunk_noise_covariance,
+    tracy_widom_sf,
 )
 from sklearn_ebound.datasets import make_static_task
 from sklearn_ebound.datasets._static import ar1_covariance
@@ -55,6 +59,19 @@ def test_correlated_edge_is_the_999_quantile(eigenvalues, n_rows):
     assert np.mean(largest > edge) < 0.005
 
 
+def test_a_detached_noise_spike_has_a_normal_largest_eigenvalue():
+    eigenvalues, n_rows = np.r_[6.0, np.ones(59)], 49
+    law = largest_eigenvalue_law(eigenvalues, n_rows)
+    assert law.spike_sd > 0
+    largest = _largest_squared_singular_values(eigenvalues, n_rows, draws=4000, seed=4)
+    # Baik-Ben Arous-Peche: mean n psi(a), variance 2 n a^2 psi'(a); the bulk edge, with its
+    # TW1 scale, misses most of the spread.
+    assert law.mean == pytest.approx(largest.mean(), rel=0.02)
+    assert law.spike_sd == pytest.approx(largest.std(), rel=0.15)
+    assert largest.std() > 3 * largest_eigenvalue_law(eigenvalues[1:], n_rows).sigma
+    assert np.mean(largest > null_edge_correlated(eigenvalues, n_rows)) < 0.004
+
+
 def test_edge_without_noise_or_rows_is_zero():
     assert null_edge_correlated(np.zeros(5), 10) == 0.0
     assert null_edge_correlated(np.ones(5), 0) == 0.0
@@ -66,31 +83,85 @@ def _residual(covariance, dof, seed=0):
     return E.T @ E
 
 
-def test_shrinkage_removes_the_spread_of_white_noise():
+def test_edge_matched_covariance_flattens_white_noise():
     q, dof = 50, 60
     residual = _residual(np.eye(q), dof)
     before = residual.copy()
-    values, vectors = shrunk_noise_covariance(residual, dof)
+    values, vectors = edge_matched_noise_covariance(residual, dof)
     np.testing.assert_array_equal(residual, before)  # the input is not mutated
     sample = np.linalg.eigvalsh(residual / dof)
-    # Marchenko-Pastur spreads the sample eigenvalues over about [0.01, 3.7]; shrinkage pulls
-    # them back to the true 1, and keeps the trace.
+    # Marchenko-Pastur spreads the sample eigenvalues over about [0.01, 3.7]; white noise
+    # of the same trace explains the largest one, so the estimate is back near the true 1.
     assert sample.max() / sample.min() > 20
     assert values.max() / values.min() < 1.5
     assert values.sum() == pytest.approx(sample.sum(), rel=1e-10)
     np.testing.assert_allclose(vectors.T @ vectors, np.eye(q), atol=1e-10)
 
 
-def test_shrinkage_keeps_a_strong_noise_direction():
-    q, dof, spike = 100, 130, 10.0
-    u = np.ones(q) / np.sqrt(q)
-    covariance = np.eye(q) + spike * np.outer(u, u)
-    values, vectors = shrunk_noise_covariance(_residual(covariance, dof), dof)
-    top = np.argmax(values)
-    # The spiked-model inversion restores the population variance 11 along the spike,
-    # which shrinkage alone would pull halfway to the mean.
-    assert values[top] == pytest.approx(1 + spike, rel=0.25)
-    assert abs(vectors[:, top] @ u) > 0.9
+@pytest.mark.parametrize("covariance, dof", [
+    (ar1_covariance(60, 0.7), 50),
+    (ar1_covariance(100, 0.3), 300),
+    (np.diag(np.r_[20.0, 10.0, 5.0, np.ones(47)]), 49),
+], ids=["ar1-0.7", "ar1-0.3", "three-factors"])
+def test_edge_matched_covariance_explains_the_largest_residual_eigenvalue(covariance, dof):
+    residual = _residual(covariance, dof, seed=1)
+    values, _ = edge_matched_noise_covariance(residual, dof)
+    law = largest_eigenvalue_law(values, dof)
+    # The largest eigenvalue expected under the estimate is the one observed ...
+    assert law.mean == pytest.approx(np.linalg.eigvalsh(residual)[-1], rel=1e-4)
+    # ... and the spread lies between the sample's (too wide) and none.
+    sample = np.linalg.eigvalsh(residual / dof)
+    assert values.min() >= sample.min() - 1e-12 and values.max() <= sample.max() + 1e-12
+    assert values.max() > values.min()
+
+
+@pytest.mark.parametrize("quantile, probability", [(0.9793, 0.05), (2.0234, 0.01),
+                                                   (3.2724, 0.001)])
+def test_tracy_widom_tail_matches_its_tables(quantile, probability):
+    # TW1 percentiles tabulated by Bejan (2005).
+    assert tracy_widom_sf(quantile) == pytest.approx(probability, rel=0.06)
+
+
+def test_ratio_edge_reduces_to_the_plain_edge_without_a_noisy_denominator():
+    law = largest_eigenvalue_law(np.ones(30), 30)
+    plain = null_edge_ratio(law, LargestEigenvalueLaw(1.0, 0.0))
+    assert tracy_widom_sf((plain - law.mu) / law.sigma) == pytest.approx(0.001, rel=1e-6)
+    # A fluctuating denominator needs a larger ratio, and a stricter level too.
+    noisy = null_edge_ratio(law, LargestEigenvalueLaw(1.0, 0.05))
+    assert noisy > plain
+    assert null_edge_ratio(law, LargestEigenvalueLaw(1.0, 0.05), level=0.9999) > noisy
+    with pytest.raises(ValueError, match="level"):
+        null_edge_ratio(law, LargestEigenvalueLaw(1.0, 0.05), level=1.0)
+
+
+@pytest.mark.parametrize("eigenvalues, n_rows, dof", [
+    (np.ones(20), 20, 20),
+    (np.linalg.eigvalsh(ar1_covariance(30, 0.5)), 15, 60),
+], ids=["white", "ar1-0.5"])
+def test_ratio_edge_is_the_quantile_of_two_largest_eigenvalues(eigenvalues, n_rows, dof):
+    # Fitted-value and residual noises with the same covariance, independent: the ratio of
+    # their largest eigenvalues exceeds the 99% edge about 1% of the time.
+    fitted = _largest_squared_singular_values(eigenvalues, n_rows, draws=4000, seed=2)
+    residual = _largest_squared_singular_values(eigenvalues, dof, draws=4000, seed=3)
+    edge = null_edge_ratio(largest_eigenvalue_law(eigenvalues, n_rows),
+                           largest_eigenvalue_law(eigenvalues, dof), level=0.99)
+    assert 0.005 < np.mean(fitted / residual > edge) < 0.02
+
+
+@pytest.mark.parametrize("n_rows, dof", [(50, 49), (20, 99)])
+def test_ratio_edge_holds_its_level_under_a_noise_spike(n_rows, dof):
+    # As the estimator uses it: the observed (residual) eigenvalue with the spike's own law,
+    # whose low draws a TW1 law would not allow for.
+    eigenvalues = np.r_[6.0, np.ones(59)]
+    fitted = _largest_squared_singular_values(eigenvalues, n_rows, draws=4000, seed=2)
+    residual = _largest_squared_singular_values(eigenvalues, dof, draws=4000, seed=3)
+    edge = null_edge_ratio(largest_eigenvalue_law(eigenvalues, n_rows, detach_spike=False),
+                           largest_eigenvalue_law(eigenvalues, dof), level=0.99)
+    assert np.mean(fitted / residual > edge) < 0.015
+    without_spike_law = null_edge_ratio(
+        largest_eigenvalue_law(eigenvalues, n_rows, detach_spike=False),
+        largest_eigenvalue_law(eigenvalues, dof, detach_spike=False), level=0.99)
+    assert without_spike_law < edge
 
 
 def _noise_only(n, p, q, covariance, seed):
@@ -103,10 +174,13 @@ def _noise_only(n, p, q, covariance, seed):
     ar1_covariance(60, 0.9),
     np.eye(60) + 20 * np.full((60, 60), 1 / 60),  # one strong noise direction
 ], ids=["ar1-0.9", "spike"])
-def test_correlated_noise_alone_reads_rank_zero(covariance):
-    ranks = [IntrinsicRankEstimator().fit(*_noise_only(200, 30, 60, covariance, seed)).rank_
-             for seed in range(10)]
-    assert ranks.count(0) >= 9, ranks
+@pytest.mark.parametrize("n, p", [(200, 30), (100, 50)], ids=["dof>q", "dof<q"])
+def test_correlated_noise_alone_reads_rank_zero(covariance, n, p):
+    # With 49 residual degrees of freedom for 60 targets the noise covariance cannot be
+    # estimated well; the edge must still hold its level.
+    ranks = [IntrinsicRankEstimator().fit(*_noise_only(n, p, 60, covariance, seed)).rank_
+             for seed in range(20)]
+    assert ranks.count(0) >= 19, ranks
 
 
 def test_signal_where_the_noise_is_weak_is_found_by_whitening():
@@ -122,7 +196,7 @@ def test_signal_where_the_noise_is_weak_is_found_by_whitening():
 def test_many_noise_dimensions_per_sample_keep_their_power():
     # N = 400, p = q = 100, noise correlation 0.3, rank 3 at the edge of detectability:
     # whitening with the 100 x 100 sample noise covariance (300 residual degrees of freedom)
-    # costs most of the power; the shrunk-covariance edge keeps it.
+    # costs most of the power; the edge relative to the residuals keeps it.
     rng = np.random.default_rng(0)
     found = 0
     for _ in range(5):
