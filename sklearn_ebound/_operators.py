@@ -245,8 +245,8 @@ _TW1_GAMMA_SHAPE, _TW1_GAMMA_SCALE, _TW1_GAMMA_SHIFT = 46.446, 0.186054, 9.84801
 _TW1_MEAN = -1.2065
 # Where the gamma form of TW1 has its mass (below: none; above: under 1e-15), and the
 # probabilities at which a spike's law is resolved.
-_TW1_GRID = np.linspace(-_TW1_GAMMA_SHIFT, 12.0, 4001)[1:]
-_SPIKE_GRID = stats.norm.cdf(np.linspace(-8.0, 8.0, 4001))
+_TW1_GRID = np.linspace(-_TW1_GAMMA_SHIFT, 12.0, 1201)[1:]
+_SPIKE_GRID = stats.norm.cdf(np.linspace(-8.0, 8.0, 1201))
 
 
 def tracy_widom_sf(x):
@@ -272,6 +272,11 @@ class LargestEigenvalueLaw:
     sigma: float
     spike_mean: float = 0.0
     spike_sd: float = 0.0
+
+    def scaled(self, factor):
+        """The law of ``factor`` times the largest eigenvalue."""
+        return LargestEigenvalueLaw(factor * self.mu, factor * self.sigma,
+                                    factor * self.spike_mean, factor * self.spike_sd)
 
     def sf(self, x):
         """``P(largest > x)``."""
@@ -319,6 +324,10 @@ class LargestEigenvalueLaw:
         return brentq(lambda x: self.sf(x) - (1 - level), 0.0, high, xtol=1e-12 * high)
 
 
+# Eigenvalues below this fraction of the largest are rounding of a symmetric eigensolver.
+_EIGENVALUE_RTOL = 64 * np.finfo(np.float64).eps
+
+
 def largest_eigenvalue_law(noise_eigenvalues, n_rows, detach_spike=True):
     """Law of the largest eigenvalue of ``ZᵀZ``, ``Z`` an ``n_rows x q`` Gaussian matrix whose
     rows have a covariance with eigenvalues ``noise_eigenvalues``.
@@ -344,14 +353,22 @@ def largest_eigenvalue_law(noise_eigenvalues, n_rows, detach_spike=True):
     t = t[t > 0]
     if t.size == 0 or n_rows < 1:
         return LargestEigenvalueLaw(0.0, 0.0)
+    # Every law scales with the eigenvalues: solve for the largest at 1 (no over- or
+    # underflow at extreme scales), dropping eigenvalues at its rounding level.
+    scale = t[-1]
+    t = t / scale
+    t = t[t > _EIGENVALUE_RTOL]
     if detach_spike and t.size > 1 and t[-1] > t[-2]:
         a, rest = t[-1], t[:-1]
         slope = 1 - np.sum(rest**2 / (a - rest) ** 2) / n_rows
         if slope > 0:
             psi = a * (1 + np.sum(rest / (a - rest)) / n_rows)
-            return LargestEigenvalueLaw(*_tracy_widom_law(rest, n_rows), spike_mean=n_rows * psi,
-                                        spike_sd=np.sqrt(2 * n_rows * a**2 * slope))
-    return LargestEigenvalueLaw(*_tracy_widom_law(t, n_rows))
+            mu, sigma = _tracy_widom_law(rest, n_rows) if rest.size else (0.0, 0.0)
+            return LargestEigenvalueLaw(scale * mu, scale * sigma,
+                                        spike_mean=scale * n_rows * psi,
+                                        spike_sd=scale * np.sqrt(2 * n_rows * a**2 * slope))
+    mu, sigma = _tracy_widom_law(t, n_rows)
+    return LargestEigenvalueLaw(scale * mu, scale * sigma)
 
 
 def null_edge_correlated(noise_eigenvalues, n_rows):
@@ -377,12 +394,23 @@ def null_edge_ratio(numerator, denominator, level=0.999):
         raise ValueError("The denominator's law must have a positive mean.")
     if numerator.sigma <= 0 and numerator.spike_sd <= 0:  # no rows: the edge is 0
         return numerator.mu / denominator.mean
+    # The quantile scales with the numerator and inversely with the denominator: solve it
+    # for both near 1 (no overflow at extreme scales).
+    a, b = max(numerator.mu, numerator.spike_mean), denominator.mean
+    return a / b * _ratio_quantile(numerator.scaled(1 / a), denominator.scaled(1 / b), level)
+
+
+def _ratio_quantile(numerator, denominator, level):
     x, density = denominator.support()
     if x.size == 1:
         return numerator.quantile(level) / x[0]
+    # A largest eigenvalue is positive: the approximate laws' mass at or below 0 (far in the
+    # lower tail, and only for a handful of rows or columns) is cut off.
+    positive = x > 0
+    x, density = x[positive], density[positive]
+    density = density / trapezoid(density, x)
 
     def excess(t):
-        # A denominator <= 0 lies only far in its lower tail: it counts as exceeded.
         return trapezoid(numerator.sf(t * x) * density, x) - (1 - level)
 
     high = 2 * numerator.quantile(level) / denominator.mean
