@@ -120,15 +120,17 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           test), the edge is that of a ``rank(X) x q`` Gaussian matrix scaled by the residual
           noise level (Johnstone 2001). When they are correlated, two tests run and the larger
           rank is kept (a Bonferroni union, false positives at most 0.2%): the fitted values
-          against the edge for the residual noise covariance (El Karoui 2007), estimated with oracle
-          approximating shrinkage (Chen, Wiesel, Eldar & Hero 2010) with the strong noise
-          directions that shrinkage would pull down restored by the spiked-covariance model;
+          against the residuals: the largest fitted-value eigenvalue left must exceed the
+          largest residual eigenvalue in the same directions times the 99.9% quantile of the
+          ratio of their two laws (El Karoui 2007, with a detached noise spike's own law, Baik,
+          Ben Arous & Péché 2005), a ratio nearly free of the noise covariance, whose shape
+          comes from a shrinkage matched to that residual eigenvalue;
           and the canonical correlations between ``X`` and ``Y`` (the noise-whitened
           spectrum) against the Jacobi ensemble's edge (Johnstone 2008). The first keeps its
           power when there are many targets per residual degree of freedom, the second when
           the signal lies where the noise is weak. With fewer residual degrees of freedom than
           targets (``n_samples <= n_features + n_targets + 1``) only the first applies, its
-          covariance estimate is rougher, and the estimator warns; with none at all it uses
+          level is approximate, and the estimator warns; with none at all it uses
           the Gavish–Donoho threshold with unknown noise, and warns. Without ``Y``: the
           Gavish–Donoho threshold with unknown noise on ``X``'s spectrum. This is the default
           because it recovered ``r*`` most reliably: 100% of the test suite's planted grid,
@@ -192,11 +194,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     ----------
     Johnstone, "On the distribution of the largest eigenvalue in principal components
     analysis", Ann. Statist., 2001. El Karoui, "Tracy–Widom limit for the largest eigenvalue of
-    a large class of complex sample covariance matrices", Ann. Probab., 2007. Chen, Wiesel,
-    Eldar & Hero, "Shrinkage algorithms for MMSE covariance estimation", IEEE Trans. Signal
-    Process., 2010. Johnstone, "Multivariate analysis and Jacobi ensembles", Ann. Statist.,
-    2008. Paul, "Asymptotics of sample eigenstructure for a large dimensional spiked
-    covariance model", Statist. Sinica, 2007. Gavish &
+    a large class of complex sample covariance matrices", Ann. Probab., 2007. Baik, Ben Arous &
+    Péché, "Phase transition of the largest eigenvalue for nonnull complex sample covariance
+    matrices", Ann. Probab., 2005. Bai & Yao, "Central limit theorems for eigenvalues in a
+    spiked population model", Ann. Inst. H. Poincaré Probab. Statist., 2008. Chiani,
+    "Distribution of the largest eigenvalue for real Wishart and Gaussian random matrices and a
+    simple approximation for the Tracy–Widom distribution", J. Multivariate Anal., 2014.
+    Johnstone, "Multivariate analysis and Jacobi ensembles", Ann. Statist., 2008. Gavish &
     Donoho, "The optimal hard threshold for singular values is 4/sqrt(3)", IEEE Trans. Inf.
     Theory, 2014. Bunea, She & Wegkamp, "Optimal selection of reduced rank estimators of
     high-dimensional matrices", Ann. Statist., 2011.
