@@ -114,29 +114,27 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     criterion : {"threshold", "rsc", "cv", "energy"}, default="threshold"
         How the rank is read from the spectrum:
 
-        - ``"threshold"``: a sequential test of each singular value of the fitted values
-          against the largest value the noise in them reaches at the 99.9% level
-          (Tracy–Widom approximations). When the residuals are white (John's sphericity
-          test), the edge is that of a ``rank(X) x q`` Gaussian matrix scaled by the residual
-          noise level (Johnstone 2001). When they are correlated, two tests run and the larger
-          rank is kept (a Bonferroni union, false positives at most 0.2%): the fitted values
-          against the residuals: the largest fitted-value eigenvalue left must exceed the
-          largest residual eigenvalue in the same directions times the 99.9% quantile of the
-          ratio of their two laws (El Karoui 2007, with a detached noise spike's own law, Baik,
-          Ben Arous & Péché 2005), a ratio nearly free of the noise covariance, whose shape
-          comes from a shrinkage matched to that residual eigenvalue;
-          and the canonical correlations between ``X`` and ``Y`` (the noise-whitened
-          spectrum) against the Jacobi ensemble's edge (Johnstone 2008). The first keeps its
-          power when there are many targets per residual degree of freedom, the second when
-          the signal lies where the noise is weak. With fewer residual degrees of freedom than
-          targets (``n_samples <= n_features + n_targets + 1``) only the first applies, its
-          level is approximate, and the estimator warns; with none at all it uses
-          the Gavish–Donoho threshold with unknown noise, and warns. Without ``Y``: the
-          Gavish–Donoho threshold with unknown noise on ``X``'s spectrum. This is the default
-          because it recovered ``r*`` most reliably: 100% of the test suite's planted grid,
-          and the best exact-recovery rate of the accuracy benchmark
-          (``benchmarks/bench_recovery_accuracy.py``) against PCA-mle, optht, cross-validated
-          grid search and AIC/BIC.
+        - ``"threshold"``: a sequential test of each singular value of the fitted values against the
+          largest value the noise in them reaches at the 99.9% level (Tracy–Widom approximations).
+          When the residuals are white (John's sphericity test at the 5% level), the edge is that of
+          a ``rank(X) x q`` Gaussian matrix scaled by the residual noise level (Johnstone 2001).
+          When they are correlated, two tests run and the larger rank is kept (a Bonferroni union,
+          false positives at most 0.2%): the fitted values against the residuals: the largest
+          fitted-value eigenvalue left must exceed the largest residual eigenvalue in the same
+          directions times the 99.9% quantile of the ratio of their two laws (El Karoui 2007, with a
+          detached noise spike's own law, Baik, Ben Arous & Péché 2005), a ratio nearly free of the
+          noise covariance, whose shape comes from a shrinkage matched to that residual eigenvalue;
+          and the canonical correlations between ``X`` and ``Y`` (the noise-whitened spectrum)
+          against the Jacobi ensemble's edge (Johnstone 2008). The first keeps its power when there
+          are many targets per residual degree of freedom, the second when the signal lies where the
+          noise is weak. With fewer residual degrees of freedom than targets (``n_samples <=
+          n_features + n_targets + 1``) only the first applies, its level is approximate, and the
+          estimator warns; with none at all it uses the Gavish–Donoho threshold with unknown noise,
+          and warns. Without ``Y``: the Gavish–Donoho threshold with unknown noise on ``X``'s
+          spectrum. This is the default because it recovered ``r*`` most reliably: 100% of the test
+          suite's planted grid, and the best exact-recovery rate of the accuracy benchmark
+          (``benchmarks/bench_recovery_accuracy.py``) against PCA-mle, optht, cross-validated grid
+          search and AIC/BIC.
         - ``"rsc"``: Bunea, She & Wegkamp's rank selection criterion: singular values of the
           fitted values above ``sigma * sqrt(2 (n_targets + rank(X)))``.
         - ``"cv"``: K-fold cross-validation over the reduced-rank path (the machinery of
