@@ -17,6 +17,7 @@ QUICK = {
     "bench_rank_path_cv.py": ["--n-samples", "5000", "--n-features", "32", "--max-rank", "8"],
     "bench_attention_wrapper.py": ["--n-samples", "1024", "--repeats", "2"],
     "bench_recovery_accuracy.py": ["--quick", "--n-jobs", "1"],
+    "bench_null_calibration.py": ["--quick", "--n-jobs", "1"],
     "bench_scaling.py": ["--quick"],
     "bench_attention_scale.py": ["--quick"],
 }

@@ -47,6 +47,21 @@ def test_recovery_accuracy_quick(load, tmp_path, monkeypatch):
     assert report["results"][0]["scores"]["threshold"]["exact"] >= 0.75
 
 
+def test_null_calibration_quick(load, tmp_path):
+    bench = load("bench_null_calibration")
+    out = tmp_path / "null.json"
+    rows = bench.main(["--quick", "--n-jobs", "1", "--output", str(out)])
+    assert json.loads(out.read_text())["cells"] == rows
+    assert [row["cell"] for row in rows] == [name for name, *_ in bench.cells()[:2]]
+    # White noise: the test holds its 99.9% level, so 4 draws of noise alone read rank 0.
+    assert rows[0]["false_positives"] == 0
+    for row in rows:
+        assert row["reps"] == 4 and 0 <= row["rate"] <= 1
+    for _, n, p, q, covariance in bench.cells():
+        assert covariance.shape == (q, q) and n > p
+        assert np.all(np.linalg.eigvalsh(covariance) > 0)
+
+
 def test_information_criteria_on_a_clear_task(load):
     bench = load("bench_recovery_accuracy")
     cell = dict(bench.BASE, name="clear", snr=4.0, rho_x=0.0, rho_e=0.0, reps=1)
