@@ -14,6 +14,7 @@ from sklearn_ebound._operators import (
     null_edge_correlated,
     null_edge_ratio,
     null_edge_white,
+    residuals_look_white,
     tracy_widom_sf,
 )
 from sklearn_ebound.datasets import make_static_task
@@ -208,3 +209,27 @@ def test_many_noise_dimensions_per_sample_keep_their_power():
         signal *= 0.6 * np.linalg.norm(noise, 2) / np.linalg.svd(signal, compute_uv=False)[2]
         found += IntrinsicRankEstimator().fit(X, signal + noise).rank_ == 3
     assert found >= 4
+
+
+def test_mild_correlation_kept_as_white_widens_the_edge():
+    # John's test keeps AR(1) 0.2 noise as white in some draws at 49 residual degrees of
+    # freedom; the edge then widens by what the matched shape says, and exactly white noise
+    # keeps the white edge whenever white noise explains the largest residual eigenvalue.
+    def ratios(covariance):
+        out = []
+        for seed in range(40):
+            X, Y = _noise_only(100, 50, 50, covariance, seed)
+            Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
+            residual = Yc - Xc @ np.linalg.lstsq(Xc, Yc, rcond=None)[0]
+            if not residuals_look_white(residual.T @ residual, 49):
+                continue
+            est = IntrinsicRankEstimator().fit(X, Y)
+            white = np.sqrt(est.noise_variance_ * null_edge_white(50, 50) / 100)
+            out.append(est.threshold_ / white)
+        return np.array(out)
+
+    mild, white = ratios(ar1_covariance(50, 0.2)), ratios(np.eye(50))
+    assert mild.size >= 5 and white.size >= 20
+    assert np.all(mild >= 1 - 1e-9) and np.all(white >= 1 - 1e-9)
+    assert np.median(mild) > 1.01
+    assert np.mean(np.isclose(white, 1.0)) >= 0.3
