@@ -622,8 +622,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             # the edge. The shape matched to the largest residual eigenvalue says by how much
             # (1 when white noise of the same level explains it).
             shape, _ = edge_matched_noise_covariance(operator.residual, dof)
-            widening = max(1.0, null_edge_correlated(shape, k_x)
-                           / (sigma**2 * null_edge_white(k_x, n_targets)))
+            white_edge = sigma**2 * null_edge_white(k_x, n_targets)
+            widening = (max(1.0, null_edge_correlated(shape, k_x) / white_edge)
+                        if white_edge > 0 else 1.0)
 
             def edge(k):
                 return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k)
