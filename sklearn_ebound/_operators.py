@@ -5,6 +5,7 @@ Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import stats
@@ -294,7 +295,7 @@ class LargestEigenvalueLaw:
             return (x < self.mu).astype(np.float64)
         return tracy_widom_sf((x - self.mu) / self.sigma)
 
-    @property
+    @cached_property
     def mean(self):
         """Mean of the largest eigenvalue (of the larger of the two parts)."""
         if self.spike_sd <= 0:
@@ -304,6 +305,10 @@ class LargestEigenvalueLaw:
 
     def support(self):
         """Points covering the law's mass and its density there."""
+        return self._support
+
+    @cached_property
+    def _support(self):
         if self.sigma <= 0 and self.spike_sd <= 0:
             return np.array([self.mu]), np.array([1.0])
         parts = []
@@ -312,8 +317,9 @@ class LargestEigenvalueLaw:
         if self.spike_sd > 0:
             parts.append(self._spike().ppf(_SPIKE_GRID))
         x = np.unique(np.concatenate(parts))
-        cdf = 1.0 - self.sf(x)
-        return x, np.gradient(cdf, x)
+        density = np.gradient(1.0 - self.sf(x), x)
+        x.flags.writeable = density.flags.writeable = False  # cached: shared by every caller
+        return x, density
 
     def quantile(self, level):
         """The ``level`` quantile."""
@@ -389,18 +395,21 @@ def null_edge_ratio(numerator, denominator, level=0.999):
     """
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1); got {level!r}.")
-    if denominator.mean <= 0:
+    mean = denominator.mean
+    if mean <= 0:
         raise ValueError("The denominator's law must have a positive mean.")
     if numerator.sigma <= 0 and numerator.spike_sd <= 0:  # no rows: the edge is 0
-        return numerator.mu / denominator.mean
+        return numerator.mu / mean
     # The quantile scales with the numerator and inversely with the denominator: solve it
     # for both near 1 (no overflow at extreme scales).
-    a, b = max(numerator.mu, numerator.spike_mean), denominator.mean
-    return a / b * _ratio_quantile(numerator.scaled(1 / a), denominator.scaled(1 / b), level)
-
-
-def _ratio_quantile(numerator, denominator, level):
+    scale = max(numerator.mu, numerator.spike_mean)
     x, density = denominator.support()
+    return scale / mean * _ratio_quantile(numerator.scaled(1 / scale), x / mean,
+                                          density * mean, level)
+
+
+def _ratio_quantile(numerator, x, density, level):
+    """The quantile of ``A / B`` with ``B`` of mean 1 given by its ``density`` at ``x``."""
     if x.size == 1:
         return numerator.quantile(level) / x[0]
     # A largest eigenvalue is positive: the approximate laws' mass at or below 0 (far in the
@@ -412,7 +421,7 @@ def _ratio_quantile(numerator, denominator, level):
     def excess(t):
         return trapezoid(numerator.sf(t * x) * density, x) - (1 - level)
 
-    high = 2 * numerator.quantile(level) / denominator.mean
+    high = 2 * numerator.quantile(level)
     while excess(high) > 0:
         high *= 2
     return brentq(excess, 0.0, high, xtol=1e-10 * high)
