@@ -24,7 +24,8 @@ Methods: this package's ``IntrinsicRankEstimator`` criteria (``threshold``, the 
 Reference (neither ours nor a peer: it needs what no user has): ``oracle_999`` and ``oracle_99``,
 the default's sequential Tracy–Widom test of the fitted values (El Karoui's edge) with the *true*
 noise covariance, at the 99.9% and 99% levels. They show what a test at a given level can reach
-in a cell when nothing has to be estimated.
+in a cell when nothing has to be estimated. ``threshold@0.01`` and ``threshold@1e-4``: the default
+with ``significance=0.01`` and ``1e-4`` (the default is ``1e-3``), what a level buys and costs.
 
 Signal-to-noise, as in Chen, Dong & Chan (2013): ``SNR = s_r(X B) / ||E||_2``, the smallest
 non-zero singular value of the signal over the spectral norm of the noise matrix; each draw's
@@ -69,7 +70,9 @@ DOCS = ROOT / "docs" / "performance"
 OURS = ["threshold", "rsc", "cv", "energy"]
 PEERS = ["pca_mle", "optht", "gridsearch", "aic", "bic"]
 REFERENCE = {"oracle_999": 0.999, "oracle_99": 0.99}
-METHODS = OURS + PEERS + list(REFERENCE)
+# The default at other significance levels: what a level buys in one cell and costs in another.
+SIGNIFICANCE = {"threshold@0.01": 1e-2, "threshold@1e-4": 1e-4}
+METHODS = OURS + PEERS + list(REFERENCE) + list(SIGNIFICANCE)
 DEFAULT = "threshold"
 
 BSW = dict(name="BSW 2011", n=100, p=50, q=50, rank=3, snr=1.0, rho_x=0.5, rho_e=0.3,
@@ -167,6 +170,8 @@ def _estimate_ranks(X, Y, noise_covariance):
         warnings.simplefilter("ignore")  # the fallback warnings of the default are expected
         for criterion in OURS:
             out[criterion] = IntrinsicRankEstimator(criterion=criterion).fit(X, Y).rank_
+        for name, significance in SIGNIFICANCE.items():
+            out[name] = IntrinsicRankEstimator(significance=significance).fit(X, Y).rank_
     Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
     coef, _, x_rank, _ = np.linalg.lstsq(Xc, Yc, rcond=None)
     fitted = Xc @ coef

@@ -116,25 +116,26 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         How the rank is read from the spectrum:
 
         - ``"threshold"``: a sequential test of each singular value of the fitted values against the
-          largest value the noise in them reaches at the 99.9% level (Tracy–Widom approximations).
-          When the residuals are white (John's sphericity test at the 5% level), the edge is that of
-          a ``rank(X) x q`` Gaussian matrix scaled by the residual noise level (Johnstone 2001),
-          widened by any spread the residuals' largest eigenvalue shows. When they are correlated,
-          two tests run and the larger rank is kept (a Bonferroni union, false positives at most
-          0.2%): the fitted values against the residuals: the largest fitted-value eigenvalue left
-          must exceed the largest residual eigenvalue in the same directions times the 99.9%
-          quantile of the ratio of their two laws (El Karoui 2007, with a detached noise spike's own
-          law, Baik, Ben Arous & Péché 2005), a ratio nearly free of the noise covariance, whose
-          shape comes from a shrinkage matched to that residual eigenvalue; and the canonical
-          correlations between ``X`` and ``Y`` (the noise-whitened spectrum) against the Jacobi
-          ensemble's edge (Johnstone 2008). The first keeps its power when there are many targets
-          per residual degree of freedom, the second when the signal lies where the noise is weak.
-          With fewer residual degrees of freedom than targets (``n_samples <= n_features + n_targets
-          + 1``) only the first applies, its level is approximate, and the estimator warns; with
-          none at all it uses the Gavish–Donoho threshold with unknown noise, and warns. Without
-          ``Y``: the Gavish–Donoho threshold with unknown noise on ``X``'s spectrum. This is the
-          default because it recovered ``r*`` most reliably: 100% of the test suite's planted grid,
-          and the best exact-recovery rate of the accuracy benchmark
+          largest value the noise in them reaches with probability ``1 - significance`` (99.9% by
+          default; Tracy–Widom approximations). When the residuals are white (John's sphericity test
+          at the 5% level), the edge is that of a ``rank(X) x q`` Gaussian matrix scaled by the
+          residual noise level (Johnstone 2001), widened by any spread the residuals' largest
+          eigenvalue shows. When they are correlated, two tests run and the larger rank is kept (a
+          Bonferroni union, false positives at most ``2 significance``): the fitted values against
+          the residuals: the largest fitted-value eigenvalue left must exceed the largest residual
+          eigenvalue in the same directions times the ``1 - significance`` quantile of the ratio of
+          their two laws (El Karoui 2007, with a detached noise spike's own law, Baik, Ben Arous &
+          Péché 2005), a ratio nearly free of the noise covariance, whose shape comes from a
+          shrinkage matched to that residual eigenvalue; and the canonical correlations between
+          ``X`` and ``Y`` (the noise-whitened spectrum) against the Jacobi ensemble's edge
+          (Johnstone 2008). The first keeps its power when there are many targets per residual
+          degree of freedom, the second when the signal lies where the noise is weak. With fewer
+          residual degrees of freedom than targets (``n_samples <= n_features + n_targets + 1``)
+          only the first applies, its level is approximate, and the estimator warns; with none at
+          all it uses the Gavish–Donoho threshold with unknown noise, and warns. Without ``Y``: the
+          Gavish–Donoho threshold with unknown noise on ``X``'s spectrum. This is the default
+          because it recovered ``r*`` most reliably: 100% of the test suite's planted grid, and the
+          best exact-recovery rate of the accuracy benchmark
           (``benchmarks/bench_recovery_accuracy.py``) against PCA-mle, optht, cross-validated grid
           search and AIC/BIC.
         - ``"rsc"``: Bunea, She & Wegkamp's rank selection criterion: singular values of the
@@ -149,6 +150,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         (unknown). Where the model is only approximate (softmax, or an unknown value map at
         finite ``n``) its error is a systematic, signal-proportional term rather than noise,
         so the rank is the smaller of the threshold rank and the energy rank at ``tau``.
+    significance : float, default=1e-3
+        Significance level (false-positive rate) of each sequential test of
+        ``criterion="threshold"``, in ``(0, 0.5)``: noise alone passes a test's edge with this
+        probability (the edges are the ``1 - significance`` quantiles). With correlated residuals
+        the two tests' union has a rate of at most ``2 * significance``. Smaller values guard
+        better against reading noise as rank, larger ones find weaker directions
+        (``benchmarks/bench_recovery_accuracy.py`` measures both, at 0.01, 0.001 and 0.0001).
+        The Gavish–Donoho thresholds (no residual degrees of freedom, no ``Y``, attention with a
+        known value map) have no level and ignore it.
     tau : float, default=0.99
         Energy fraction for ``criterion="energy"``, in ``(0, 1]``.
     cv : int, cross-validation generator or iterable, default=5
@@ -219,17 +229,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "attention": [StrOptions({"softmax", "linear"})],
         "value": [None, StrOptions({"identity"}), "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
+        "significance": [Interval(Real, 0, 0.5, closed="neither")],
         "tau": [Interval(Real, 0, 1, closed="right")],
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],
     }
 
     def __init__(self, operator="static", *, attention="softmax", value=None,
-                 criterion="threshold", tau=0.99, cv=5, fit_intercept=True):
+                 criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True):
         self.operator = operator
         self.attention = attention
         self.value = value
         self.criterion = criterion
+        self.significance = significance
         self.tau = tau
         self.cv = cv
         self.fit_intercept = fit_intercept
@@ -576,7 +588,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         return np.sqrt(self.noise_variance_)
 
     def _threshold_rank(self, moments, operator, s, n_targets):
-        """Count the directions that stand above what noise alone reaches (99.9% level).
+        """Count the directions that stand above what noise alone reaches (at ``significance``).
 
         The noise part of the fitted values' Gram is a Wishart matrix with ``rank(X)`` degrees
         of freedom and the noise covariance ``Sigma``, independent of the residuals' (``dof``
@@ -589,22 +601,23 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         (Johnstone 2001), an edge widened by the ratio of El Karoui's edge for the shape
         matched to the residuals (:func:`edge_matched_noise_covariance`) to the white one, for
         correlation too mild for the sphericity test. Correlated residuals: two tests, each at
-        99.9%, and the larger rank (a Bonferroni union: a false-positive rate of at most 0.2%):
+        ``significance``, and the larger rank (a Bonferroni union: a false-positive rate of at
+        most ``2 significance``):
 
-        - the fitted values against the residuals: both noises have the covariance
-          ``Sigma``, so the ratio of their largest eigenvalues in the directions left is
-          nearly free of it (exactly so at ``rank(X) = dof``). The edge is the observed largest
-          residual eigenvalue times the ratio's 99.9% quantile (:func:`null_edge_ratio`, the
-          two Tracy–Widom laws of El Karoui 2007), ``Sigma``'s shape in that ratio coming from
-          :func:`edge_matched_noise_covariance`. It keeps its power when ``q / dof`` is not
-          small, where whitening with the sample covariance costs much, and works for
-          ``dof <= q``;
+        - the fitted values against the residuals: both noises have the covariance ``Sigma``, so the
+          ratio of their largest eigenvalues in the directions left is nearly free of it (exactly so
+          at ``rank(X) = dof``). The edge is the observed largest residual eigenvalue times the
+          ratio's ``1 - significance`` quantile (:func:`null_edge_ratio`, the two Tracy–Widom laws
+          of El Karoui 2007), ``Sigma``'s shape in that ratio coming from
+          :func:`edge_matched_noise_covariance`. It keeps its power when ``q / dof`` is not small,
+          where whitening with the sample covariance costs much, and works for ``dof <= q``;
         - the canonical correlations (the spectrum whitened by the sample noise covariance)
           against the Jacobi ensemble's edge (Johnstone 2008), exact for any ``Sigma`` and
           powerful when the signal lies where the noise is weak; it needs
           ``dof > n_targets``.
         """
         spectrum = s / np.sqrt(moments.n)
+        level = 1.0 - self.significance
         dof = operator.residual_dof
         k_x = max(operator.input_rank, 1)
         if dof < 1:
@@ -622,12 +635,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             # the edge. The shape matched to the largest residual eigenvalue says by how much
             # (1 when white noise of the same level explains it).
             shape, _ = edge_matched_noise_covariance(operator.residual, dof)
-            white_edge = sigma**2 * null_edge_white(k_x, n_targets)
-            widening = (max(1.0, null_edge_correlated(shape, k_x) / white_edge)
+            white_edge = sigma**2 * null_edge_white(k_x, n_targets, level)
+            widening = (max(1.0, null_edge_correlated(shape, k_x, level) / white_edge)
                         if white_edge > 0 else 1.0)
 
             def edge(k):
-                return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k)
+                return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
         else:
             values, vectors = edge_matched_noise_covariance(operator.residual, dof)
             # Noise covariance and residual cross-products in the basis of the output
@@ -648,15 +661,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 residual_law = largest_eigenvalue_law(shape, dof)
                 if observed <= 0 or residual_law.mean <= 0:
                     return 0.0  # no noise left in these directions
-                return observed * null_edge_ratio(fitted_law, residual_law)
+                return observed * null_edge_ratio(fitted_law, residual_law, level)
         rank, cut = _sequential_count(s**2, edge)
         if not white:
-            whitened = self._canonical_rank(moments)
+            whitened = self._canonical_rank(moments, level)
             if whitened is None:
                 warnings.warn(
                     "The residuals are not white and fewer residual degrees of freedom than "
                     "targets remain (n_samples <= n_features + n_targets + 1): the noise "
-                    "covariance is a shrinkage estimate and the test's 99.9% level is "
+                    "covariance is a shrinkage estimate and the test's level is "
                     "approximate.", RankEstimationWarning, stacklevel=4)
             elif whitened[0] > rank:
                 rank, rho, cut = whitened
@@ -666,16 +679,16 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.threshold_ = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
         return rank, spectrum
 
-    def _canonical_rank(self, moments):
+    def _canonical_rank(self, moments, level):
         """Sequential test of the canonical correlations against the Jacobi edge: the rank,
         the correlations and the squared cut; ``None`` where the residual degrees of freedom
         cannot estimate the noise covariance."""
         rho, x_rank, y_rank = canonical_correlations(moments)
-        if rho.size == 0 or null_edge_canonical(x_rank, y_rank, moments.dof) is None:
+        if rho.size == 0 or null_edge_canonical(x_rank, y_rank, moments.dof, level) is None:
             return None
 
         def edge(k):  # removing k roots leaves k fewer dimensions on each side
-            return null_edge_canonical(x_rank - k, y_rank - k, moments.dof - k)
+            return null_edge_canonical(x_rank - k, y_rank - k, moments.dof - k, level)
 
         rank, cut = _sequential_count(rho**2, edge)
         return rank, rho, cut

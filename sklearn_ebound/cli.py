@@ -223,7 +223,8 @@ def _estimate(args):
     X, Y = _load_data(args)
     estimator = IntrinsicRankEstimator(args.operator, attention=args.attention,
                                        value="identity" if args.value_identity else None,
-                                       criterion=args.criterion, tau=args.tau)
+                                       criterion=args.criterion,
+                                       significance=args.significance, tau=args.tau)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if isinstance(X, np.memmap) and args.criterion != "cv":
@@ -407,6 +408,8 @@ def _parser():
                           help="attention: the value map is known to be the identity")
     estimate.add_argument("--criterion", choices=["threshold", "rsc", "cv", "energy"],
                           default="threshold")
+    estimate.add_argument("--significance", type=float, default=1e-3,
+                          help="threshold: false-positive rate of each test, in (0, 0.5)")
     estimate.add_argument("--tau", type=float, default=0.99, help="energy level")
     estimate.add_argument("--chunk-rows", type=_positive_int, default=None,
                           help=".npy input is memory-mapped and read this many rows at a time "

@@ -50,13 +50,19 @@ def test_recovery_accuracy_quick(load, tmp_path, monkeypatch):
 def test_null_calibration_quick(load, tmp_path):
     bench = load("bench_null_calibration")
     out = tmp_path / "null.json"
-    rows = bench.main(["--quick", "--n-jobs", "1", "--output", str(out)])
+    rows = bench.main(["--quick", "--n-jobs", "1", "--output", str(out),
+                       "--significance", "1e-3", "0.4"])
     assert json.loads(out.read_text())["cells"] == rows
-    assert [row["cell"] for row in rows] == [name for name, *_ in bench.cells()[:2]]
+    names = [name for name, *_ in bench.cells()[:2]]
+    assert [(row["cell"], row["significance"]) for row in rows] == [
+        (name, level) for name in names for level in (1e-3, 0.4)]
     # White noise: the test holds its 99.9% level, so 4 draws of noise alone read rank 0.
     assert rows[0]["false_positives"] == 0
     for row in rows:
         assert row["reps"] == 4 and 0 <= row["rate"] <= 1
+    # The same draws at a laxer level pass at least as often.
+    for strict, lax in zip(rows[::2], rows[1::2], strict=True):
+        assert lax["false_positives"] >= strict["false_positives"]
     for _, n, p, q, covariance in bench.cells():
         assert covariance.shape == (q, q) and n > p
         assert np.all(np.linalg.eigvalsh(covariance) > 0)

@@ -65,6 +65,20 @@ def test_estimate_streams_npy_in_chunks(data_dir, capsys):
     np.testing.assert_allclose(streamed["singular_values"], whole["singular_values"], rtol=1e-10)
 
 
+def test_estimate_passes_the_significance_level(tmp_path, capsys):
+    # A direction too weak for the default 0.1% test (0.9 of its edge), above a 30% one's.
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((300, 8)), rng.standard_normal((300, 6))
+    Y[:, 0] += 0.4 * X[:, 0]
+    np.savez(tmp_path / "weak.npz", X=X, Y=Y)
+    ranks = []
+    for level in ("1e-3", "0.3"):
+        assert main(["estimate", str(tmp_path / "weak.npz"), "--significance", level,
+                     "--json"]) == 0
+        ranks.append(json.loads(capsys.readouterr().out)["rank"])
+    assert ranks == [0, 1]
+
+
 def test_estimate_sequences(data_dir, capsys):
     code = main(["estimate", str(data_dir / "seq.npz"), "--operator", "attention",
                  "--attention", "linear"])
@@ -84,6 +98,7 @@ def test_estimate_sequences(data_dir, capsys):
     (["seq.npz", "--operator", "attention", "--criterion", "rsc", "--value-identity"],
      "not available with a known value"),
     (["d.npz", "--operator", "attention"], "3-D array"),
+    (["d.npz", "--significance", "0.7"], "'significance' parameter"),
 ])
 def test_estimate_errors_are_one_line(data_dir, capsys, args, message):
     code = main(["estimate", str(data_dir / args[0]), *args[1:]])

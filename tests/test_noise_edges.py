@@ -15,6 +15,7 @@ from sklearn_ebound._operators import (
     null_edge_ratio,
     null_edge_white,
     residuals_look_white,
+    tracy_widom_quantile,
     tracy_widom_sf,
 )
 from sklearn_ebound.datasets import make_static_task
@@ -121,6 +122,28 @@ def test_edge_matched_covariance_explains_the_largest_residual_eigenvalue(covari
 def test_tracy_widom_tail_matches_its_tables(quantile, probability):
     # TW1 percentiles tabulated by Bejan (2005).
     assert tracy_widom_sf(quantile) == pytest.approx(probability, rel=0.06)
+
+
+@pytest.mark.parametrize("level, quantile", [(0.90, 0.4501), (0.95, 0.9793), (0.99, 2.0234),
+                                             (0.999, 3.2724)])
+def test_tracy_widom_quantile_matches_its_tables(level, quantile):
+    # Bejan (2005) tabulates to 4 decimals; the Fredholm determinant is exact.
+    assert tracy_widom_quantile(level) == pytest.approx(quantile, abs=5e-4)
+
+
+def test_tracy_widom_quantile_rejects_levels_outside_its_range():
+    for level in (0.4, 1.0, 1.5):
+        with pytest.raises(ValueError, match="level"):
+            tracy_widom_quantile(level)
+
+
+@settings(max_examples=30, deadline=None)
+@given(level=st.floats(0.5, 1 - 1e-9), n_rows=st.integers(1, 200), n_cols=st.integers(1, 200))
+def test_edges_grow_with_the_level(level, n_rows, n_cols):
+    stricter = 1 - (1 - level) / 10
+    assert tracy_widom_quantile(stricter) > tracy_widom_quantile(level)
+    if min(n_rows, n_cols) > 1:
+        assert null_edge_white(n_rows, n_cols, stricter) > null_edge_white(n_rows, n_cols, level)
 
 
 def test_ratio_edge_reduces_to_the_plain_edge_without_a_noisy_denominator():
@@ -233,3 +256,28 @@ def test_mild_correlation_kept_as_white_widens_the_edge():
     assert np.all(mild >= 1 - 1e-9) and np.all(white >= 1 - 1e-9)
     assert np.median(mild) > 1.01
     assert np.mean(np.isclose(white, 1.0)) >= 0.3
+
+
+@pytest.mark.parametrize("significance", [0.05, 0.2])
+def test_significance_is_the_false_positive_rate_on_white_noise(significance):
+    # Noise alone: the first test of the sequence passes with probability `significance`
+    # (Tracy–Widom approximations at 10 x 20). 300 draws: a Binomial(300, significance) count.
+    rng = np.random.default_rng(0)
+    false_positives = sum(
+        IntrinsicRankEstimator(significance=significance).fit(
+            rng.standard_normal((100, 10)), rng.standard_normal((100, 20))).rank_ > 0
+        for _ in range(300))
+    expected = 300 * significance
+    sd = np.sqrt(expected * (1 - significance))
+    assert abs(false_positives - expected) < 3 * sd, false_positives
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), correlation=st.sampled_from([0.0, 0.6]),
+       n=st.sampled_from([60, 300]))
+def test_a_larger_significance_never_reads_a_smaller_rank(seed, correlation, n):
+    X, Y = make_static_task(n, 12, 16, rank=3, noise=2.0, noise_correlation=correlation,
+                            random_state=seed)
+    ranks = [IntrinsicRankEstimator(significance=level).fit(X, Y).rank_
+             for level in (1e-5, 1e-3, 0.05, 0.3)]
+    assert ranks == sorted(ranks), ranks
