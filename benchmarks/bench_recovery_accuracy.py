@@ -263,16 +263,16 @@ def write_docs(results):
     import matplotlib.pyplot as plt
 
     names = [r["cell"]["name"] for r in results]
-    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=80)
     width = 0.8 / len(methods)
     for j, m in enumerate(methods):
         ax.bar(np.arange(len(names)) + (j - len(methods) / 2) * width,
                [r["scores"][m]["exact"] for r in results], width, label=m,
-               color="black" if m == DEFAULT else None)
+               color="black" if m == DEFAULT else plt.cm.tab20(j % 20))
     ax.set_xticks(np.arange(len(names)), names, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("exact-recovery rate")
-    ax.legend(fontsize=6, ncol=len(methods), loc="lower center", bbox_to_anchor=(0.5, 1.0),
-              frameon=False)
+    ax.legend(fontsize=6, ncol=(len(methods) + 1) // 2, loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(DOCS / "recovery_accuracy.png")
     plt.close(fig)
