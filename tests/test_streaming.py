@@ -111,3 +111,15 @@ def test_large_kernel_is_solved_without_the_dense_normal_matrix():
     dense, iterative = moments.solve(), moments.solve(dense_limit=0)
     np.testing.assert_allclose(iterative.kernel, dense.kernel, rtol=1e-7, atol=1e-9)
     assert iterative.rank == dense.rank == 3
+
+
+def test_compressed_product_equals_the_dense_normal_matrix():
+    # d = 20: 210 rows of the compressed matrix, more than one block of the product.
+    from sklearn_ebound._attention_operators import KernelMoments
+
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((30, 8, 20)), rng.standard_normal((30, 8, 20))
+    moments = KernelMoments(rng.standard_normal((20, 20)), "softmax").update(X, Y)
+    A = rng.standard_normal((20, 20))
+    np.testing.assert_allclose(moments._matvec(A, moments._index()).ravel(),
+                               moments.normal_matrix() @ A.ravel(), rtol=1e-10, atol=1e-10)
