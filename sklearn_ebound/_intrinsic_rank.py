@@ -149,7 +149,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         kernel (value map known) or the sequential test above on the per-token operator
         (unknown). Where the model is only approximate (softmax, or an unknown value map at
         finite ``n``) its error is a systematic, signal-proportional term rather than noise,
-        so the rank is the smaller of the threshold rank and the energy rank at ``tau``.
+        so of the directions that pass the threshold only those holding a fraction ``tau`` of
+        their energy count (their energy rank).
     significance : float, default=1e-3
         Significance level (false-positive rate) of each sequential test of
         ``criterion="threshold"``, in ``(0, 0.5)``: noise alone passes a test's edge with this
@@ -525,8 +526,11 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """Cap the rank by the energy rank where the model error is systematic, not noise."""
         if self.criterion == "threshold":
             s = self._operator_spectrum if s is None else s
-            if s.size and s[0] > 0:
-                self.rank_ = min(int(rank), energy_rank(s, self.tau))
+            # The energy of the directions that passed the noise test: the noise's own energy
+            # in the other directions would otherwise loosen the cap as the noise grows.
+            signal = s[: int(rank)]
+            if signal.size and signal[0] > 0:
+                self.rank_ = min(int(rank), energy_rank(signal, self.tau))
                 self.components_ = self.components_[: self.rank_]
         return self
 
