@@ -445,7 +445,24 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 self._read_static(statistics, cv_data)
                 if self._fit_mode == "per_token":
                     self._cap_by_energy(self.rank_)
+                    self._warn_short_sequences()
         return self._unscale()
+
+    def _warn_short_sequences(self):
+        """Warn where the per-token operator's systematic term may pass the energy cap.
+
+        A token's own share ``x_i x_iᵀ / n`` of its sequence's moment adds ``V (W + tr(W) I) / n``
+        to the operator ``V Wᵀ`` (Gaussian tokens): a full-rank term of relative energy up to
+        about ``2 / n^2`` (0.3-1.3 / n^2 measured beyond the planted directions).
+        """
+        n_tokens = self._sequence_shape[0]
+        if self.criterion == "threshold" and 2 / n_tokens**2 > 1 - self.tau:
+            warnings.warn(
+                f"With an unknown value map and {n_tokens} tokens per sequence, the per-token "
+                f"operator carries a full-rank systematic term of relative energy up to about "
+                f"2 / n_tokens^2 = {2 / n_tokens**2:.3g}, more than 1 - tau = {1 - self.tau:.3g}: "
+                "the rank may be overestimated. Pass the value map, use longer sequences, or "
+                "lower tau.", RankEstimationWarning, stacklevel=4)
 
     def _unscale(self):
         """Express the fitted attributes in the units of the data (ranks do not change)."""

@@ -135,3 +135,16 @@ def test_bad_sequence_input():
         IntrinsicRankEstimator("attention", value=np.eye(3)).fit(X, Y)
     with pytest.raises(ValueError, match="features per token"):
         IntrinsicRankEstimator("attention").fit(X, Y).transform(X[:, :, :3])
+
+
+@pytest.mark.parametrize("n_tokens, value, warns", [(8, None, True), (32, None, False),
+                                                     (8, "identity", False)])
+def test_short_sequences_with_an_unknown_value_map_warn(n_tokens, value, warns):
+    X, Y = make_attention_task("linear", 300, n_tokens, 6, rank=2, noise=0.1, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        IntrinsicRankEstimator("attention", attention="linear", value=value).fit(X, Y)
+    short = [w for w in caught if "tokens per sequence" in str(w.message)]
+    assert bool(short) == warns
+    if warns:
+        assert issubclass(short[0].category, RankEstimationWarning)
