@@ -153,7 +153,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         their energy count (their energy rank).
     significance : float, default=1e-3
         Significance level (false-positive rate) of each sequential test of
-        ``criterion="threshold"``, in ``(0, 0.5)``: noise alone passes a test's edge with this
+        ``criterion="threshold"``, in ``[1e-12, 0.5)``: noise alone passes a test's edge with this
         probability (the edges are the ``1 - significance`` quantiles). With correlated residuals
         the two tests' union has a rate of at most ``2 * significance``. Smaller values guard
         better against reading noise as rank, larger ones find weaker directions
@@ -230,7 +230,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "attention": [StrOptions({"softmax", "linear"})],
         "value": [None, StrOptions({"identity"}), "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
-        "significance": [Interval(Real, 0, 0.5, closed="neither")],
+        # Below 1e-12 the level 1 - significance is no longer resolved in float64.
+        "significance": [Interval(Real, 1e-12, 0.5, closed="left")],
         "tau": [Interval(Real, 0, 1, closed="right")],
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],

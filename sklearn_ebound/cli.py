@@ -409,7 +409,7 @@ def _parser():
     estimate.add_argument("--criterion", choices=["threshold", "rsc", "cv", "energy"],
                           default="threshold")
     estimate.add_argument("--significance", type=float, default=1e-3,
-                          help="threshold: false-positive rate of each test, in (0, 0.5)")
+                          help="threshold: false-positive rate of each test, in [1e-12, 0.5)")
     estimate.add_argument("--tau", type=float, default=0.99, help="energy level")
     estimate.add_argument("--chunk-rows", type=_positive_int, default=None,
                           help=".npy input is memory-mapped and read this many rows at a time "

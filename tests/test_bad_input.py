@@ -64,6 +64,7 @@ def test_too_few_samples(Estimator):
         (IntrinsicRankEstimator(tau=0.0), "'tau' parameter"),
         (IntrinsicRankEstimator(tau=1.5), "'tau' parameter"),
         (IntrinsicRankEstimator(significance=0.0), "'significance' parameter"),
+        (IntrinsicRankEstimator(significance=1e-300), "'significance' parameter"),
         (IntrinsicRankEstimator(significance=0.5), "'significance' parameter"),
         (IntrinsicRankEstimator(criterion="best"), "'criterion' parameter"),
         (IntrinsicRankEstimator(operator="dynamic"), "'operator' parameter"),
