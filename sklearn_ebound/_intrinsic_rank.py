@@ -316,6 +316,11 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _mode(self, X, Y):
         """Which statistics the data feed: fixed at the first chunk."""
+        for name, array in (("X", X), ("Y", Y)):
+            if array is not None and _n_dims(array) > 3:
+                raise ValueError(
+                    f"`{name}` must be 2-D (n_samples, n_features) or 3-D sequences (n_samples, "
+                    f"n_tokens, n_channels). Got a {_n_dims(array)}-D array.")
         if Y is not None and self.operator == "static" and (_n_dims(X) == 3) != (
                 _n_dims(Y) == 3):
             raise ValueError(

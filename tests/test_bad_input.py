@@ -38,6 +38,13 @@ def test_wrong_number_of_dimensions(Estimator):
         Estimator().fit(X[:, :, None], Y)
 
 
+def test_four_dimensional_input_names_the_accepted_forms():
+    X, Y = _data()
+    for args in ((X.reshape(40, 5, 1, 1), Y), (X[:, :, None], Y.reshape(40, 3, 1, 1))):
+        with pytest.raises(ValueError, match="2-D .* or 3-D sequences.*Got a 4-D array"):
+            IntrinsicRankEstimator().fit(*args)
+
+
 @pytest.mark.parametrize("Estimator", ESTIMATORS)
 def test_mismatched_sample_counts(Estimator):
     X, Y = _data()
