@@ -146,7 +146,7 @@ BAD_STATIC = {
     "inf in Y": (lambda X, Y: (X, np.where(Y > 1.5, np.inf, Y)), ValueError, "infinity"),
     "-inf in X": (lambda X, Y: (np.where(X > 1.5, -np.inf, X), Y), ValueError, "infinity"),
     "1-D X": (lambda X, Y: (X[:, 0], Y), ValueError, "2D array"),
-    "4-D X": (lambda X, Y: (X[:, :, None, None], Y), ValueError, "dim|3-D array"),
+    "4-D X": (lambda X, Y: (X[:, :, None, None], Y), ValueError, "dim|Got a 4-D array"),
     "mismatched samples": (lambda X, Y: (X, Y[:-3]), ValueError,
                            "inconsistent numbers of samples"),
     "zero samples": (lambda X, Y: (X[:0], Y[:0]), ValueError, "0 sample"),
