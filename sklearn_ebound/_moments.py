@@ -71,33 +71,36 @@ class Moments:
         With ``scale=True`` the arrays are scaled by :func:`power_of_two_scale` first.
         """
         scales = (power_of_two_scale(X), power_of_two_scale(Y)) if scale else (1.0, 1.0)
-        moments = cls.empty(X.shape[1], Y.shape[1], center, *scales)
-        step = max(1, _CHUNK_VALUES // (X.shape[1] + Y.shape[1]))
-        for start in range(0, X.shape[0], step):
-            moments.update(X[start : start + step], Y[start : start + step])
-        return moments
+        return cls.empty(X.shape[1], Y.shape[1], center, *scales).update(X, Y)
 
     def update(self, X, Y):
-        """Add the rows of one chunk; returns ``self``."""
-        X = np.asarray(X, dtype=np.float64)
-        Y = np.asarray(Y, dtype=np.float64)
+        """Add the rows of ``X`` and ``Y``, about 4 million values (32 MB) at a time, so that
+        the memory needed does not grow with their number; returns ``self``."""
+        X, Y = np.asarray(X), np.asarray(Y)
+        n_rows, width = X.shape[0], X.shape[1] + Y.shape[1]
+        step = max(1, _CHUNK_VALUES // max(width, 1))
+        # One scratch buffer for every chunk: a fresh one per chunk costs its page faults.
+        buffer = np.empty((min(step, n_rows), width))
+        for start in range(0, n_rows, step):
+            self._add_chunk(X[start : start + step], Y[start : start + step], buffer)
+        return self
+
+    def _add_chunk(self, X, Y, buffer):
         n_b, p = X.shape
-        if n_b == 0:
-            return self
         # One symmetric product of the stacked, centred chunk Z = [X_c, Y_c] gives all three
         # blocks at once: Z^T Z = [[Cxx, Cxy], [Cyx, Cyy]] (a rank-k update, the cheapest GEMM).
-        Z = np.concatenate([X, Y], axis=1)
-        if self.scale_x != 1.0:
-            Z[:, :p] /= self.scale_x
-        if self.scale_y != 1.0:
-            Z[:, p:] /= self.scale_y
+        Z = buffer[:n_b]
+        # Scaling by a power of two is exact, as a product by its inverse or as a quotient;
+        # the product also converts the chunk to float64.
+        np.multiply(X, 1.0 / self.scale_x, out=Z[:, :p])
+        np.multiply(Y, 1.0 / self.scale_y, out=Z[:, p:])
         mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
             Z -= mean
         G = Z.T @ Z
         other = Moments(n_b, mean[:p], mean[p:], G[:p, :p], G[:p, p:], G[p:, p:], self.center,
                         self.scale_x, self.scale_y)
-        return self.merge(other)
+        self.merge(other)
 
     def merge(self, other):
         """Combine with the moments of disjoint data, in place; returns ``self``."""
