@@ -90,10 +90,12 @@ class Moments:
         # One symmetric product of the stacked, centred chunk Z = [X_c, Y_c] gives all three
         # blocks at once: Z^T Z = [[Cxx, Cxy], [Cyx, Cyy]] (a rank-k update, the cheapest GEMM).
         Z = buffer[:n_b]
-        # Scaling by a power of two is exact, as a product by its inverse or as a quotient;
-        # the product also converts the chunk to float64.
-        np.multiply(X, 1.0 / self.scale_x, out=Z[:, :p])
-        np.multiply(Y, 1.0 / self.scale_y, out=Z[:, p:])
+        if self.scale_x == self.scale_y == 1.0:
+            np.concatenate([X, Y], axis=1, out=Z)  # also converts the chunk to float64
+        else:
+            # Scaling by a power of two is exact, as a product by its inverse or as a quotient.
+            np.multiply(X, 1.0 / self.scale_x, out=Z[:, :p])
+            np.multiply(Y, 1.0 / self.scale_y, out=Z[:, p:])
         mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
             Z -= mean
