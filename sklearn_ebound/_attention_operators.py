@@ -91,20 +91,20 @@ class KernelMoments:
             Xb, Yb = X[start:start + _CHUNK], Y[start:start + _CHUNK]
             if self.scale != 1.0:
                 Xb, Yb = Xb / self.scale, Yb / self.scale
+            P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
             if self.kind == "softmax":
                 # Around uniform weights the output is V x̄ plus a term linear in the centred
                 # moment: y_i - V x̄ = (beta / sqrt(d)) V C Wᵀ x_i.
                 means = Xb.mean(axis=1, keepdims=True)
                 Yb = Yb - means @ self.V.T
                 Xcb = Xb - means
+                S = Xcb.transpose(0, 2, 1) @ Xcb / X.shape[1]  # mixing moment of each sequence
             else:
-                Xcb = Xb
-            S = Xcb.transpose(0, 2, 1) @ Xcb / X.shape[1]  # mixing moment of each sequence
-            P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
+                S = P / X.shape[1]
             T = S @ VtV @ S
             _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
-            # b_s = S_s Vᵀ Y_sᵀ X_s
-            self.rhs += np.einsum("sab,kb,sik,sic->ac", S, self.V, Yb, Xb, optimize=True)
+            # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
+            self.rhs += (S @ (self.V.T @ (Yb.transpose(0, 2, 1) @ Xb))).sum(axis=0)
             self.P_sum += P.sum(axis=0)
             self.T_sum += T.sum(axis=0)
             self.y_energy += float(np.sum(Yb**2))
