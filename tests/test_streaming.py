@@ -123,3 +123,22 @@ def test_compressed_product_equals_the_dense_normal_matrix():
     A = rng.standard_normal((20, 20))
     np.testing.assert_allclose(moments._matvec(A, moments._index()).ravel(),
                                moments.normal_matrix() @ A.ravel(), rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=20, deadline=None)
+@given(chunk_values=st.integers(1, 600), scale=st.booleans(), float32=st.booleans())
+def test_moments_agree_whatever_the_internal_chunk_size(chunk_values, scale, float32):
+    # Moments.update reads its rows in chunks of about _CHUNK_VALUES values through one reused
+    # buffer; any chunk size gives the moments of one pass (to rounding), large means included.
+    from sklearn_ebound import _moments
+
+    X, Y = make_static_task(200, 5, 3, rank=2, noise=0.3, random_state=0)
+    X = (X + 50.0).astype(np.float32 if float32 else np.float64)
+    whole = _moments.Moments.from_arrays(X, Y, scale=scale)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_moments, "_CHUNK_VALUES", chunk_values)
+        chunked = _moments.Moments.from_arrays(X, Y, scale=scale)
+    assert chunked.n == whole.n == 200
+    for name in ("mean_x", "mean_y", "xx", "xy", "yy"):
+        np.testing.assert_allclose(getattr(chunked, name), getattr(whole, name), rtol=1e-9,
+                                   atol=1e-9 * np.abs(getattr(whole, name)).max())
