@@ -93,9 +93,9 @@ class Moments:
         if self.scale_x == self.scale_y == 1.0:
             np.concatenate([X, Y], axis=1, out=Z)  # also converts the chunk to float64
         else:
-            # Scaling by a power of two is exact, as a product by its inverse or as a quotient.
-            np.multiply(X, 1.0 / self.scale_x, out=Z[:, :p])
-            np.multiply(Y, 1.0 / self.scale_y, out=Z[:, p:])
+            # Dividing by a power of two is exact (its inverse may overflow: a subnormal scale).
+            np.divide(X, self.scale_x, out=Z[:, :p])
+            np.divide(Y, self.scale_y, out=Z[:, p:])
         mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
             Z -= mean
