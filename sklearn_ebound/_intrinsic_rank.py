@@ -450,7 +450,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             else:
                 self._read_static(statistics, cv_data)
                 if self._fit_mode == "per_token":
-                    self._cap_by_energy(self.rank_)
+                    self._cap_by_energy()
                     self._warn_short_sequences()
         return self._unscale()
 
@@ -528,7 +528,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                     f"The fitted attention logits have root-mean-square {self.logit_rms_:.2f} > 1: "
                     "the linearisation of the softmax is strained and the rank may be wrong.",
                     RankEstimationWarning, stacklevel=4)
-            self._cap_by_energy(self.rank_, s)
+            self._cap_by_energy(s)
         return self
 
     def _value_map(self, n_features, n_targets):
@@ -545,15 +545,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                              f"{(n_targets, n_features)}. Got {V.shape} instead.")
         return V
 
-    def _cap_by_energy(self, rank, s=None):
+    def _cap_by_energy(self, s=None):
         """Cap the rank by the energy rank where the model error is systematic, not noise."""
         if self.criterion == "threshold":
             s = self._operator_spectrum if s is None else s
             # The energy of the directions that passed the noise test: the noise's own energy
             # in the other directions would otherwise loosen the cap as the noise grows.
-            signal = s[: int(rank)]
+            signal = s[: self.rank_]
             if signal.size and signal[0] > 0:
-                self.rank_ = min(int(rank), energy_rank(signal, self.tau))
+                self.rank_ = int(min(self.rank_, energy_rank(signal, self.tau)))
                 self.components_ = self.components_[: self.rank_]
         return self
 
