@@ -7,10 +7,10 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._intrinsic_rank import IntrinsicRankEstimator
+from .._results import ResultTable
 from ..datasets import make_attention_task
 from ..datasets._static import random_orthonormal
 from ..exceptions import RankEstimationWarning
-from ._results import ResultTable
 
 __all__ = ["predictability_frontier", "FrontierResult", "conditioned_value_map"]
 

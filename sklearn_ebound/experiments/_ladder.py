@@ -10,10 +10,10 @@ from sklearn.utils import check_random_state
 from .._attention_operators import token_mixing_data
 from .._intrinsic_rank import IntrinsicRankEstimator
 from .._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV
+from .._results import ResultTable
 from .._spectrum import energy_rank
 from ..datasets import make_attention_task, make_static_mixing_task
 from ..exceptions import RankEstimationWarning
-from ._results import ResultTable
 
 __all__ = ["interpolation_ladder", "LadderResult"]
 

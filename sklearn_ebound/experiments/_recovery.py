@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 from sklearn.utils import check_random_state
 
+from .._results import ResultTable
 from .._spectrum import energy_rank, entropy_rank, stable_rank
 from ..datasets import make_attention_task
-from ._results import ResultTable
 
 __all__ = ["recovery_experiment", "RecoveryResult"]
 

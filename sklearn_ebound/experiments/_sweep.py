@@ -14,9 +14,9 @@ from sklearn.utils import check_array
 
 from .._moments import Moments
 from .._operators import solve_static
+from .._results import ResultTable
 from .._scoring import get_sequence_scorer
 from .._spectrum import tail_energy
-from ._results import ResultTable
 
 __all__ = ["rank_sweep", "RankSweepResult"]
 

@@ -20,8 +20,8 @@ from numbers import Real
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from .._results import ResultTable
 from .._spectrum import energy_rank, entropy_rank, stable_rank
-from ..experiments import ResultTable
 from ._inputs import (
     capture_inputs,
     config_heads,
