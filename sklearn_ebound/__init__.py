@@ -8,14 +8,8 @@ from ._deficiency import excess_risk_curve
 from ._intrinsic_rank import IntrinsicRankEstimator
 from ._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV, rank_path_scores
 from ._scoring import get_sequence_scorer, get_sequence_scorer_names, make_sequence_scorer
-from ._spectrum import (
-    energy_rank,
-    entropy_rank,
-    optimal_hard_threshold,
-    stable_rank,
-    tail_energy,
-    threshold_rank,
-)
+from ._null_edges import optimal_hard_threshold
+from ._spectrum import energy_rank, entropy_rank, stable_rank, tail_energy, threshold_rank
 
 __version__ = "0.1.0"
 

@@ -52,7 +52,7 @@ class KernelMoments:
     """Sufficient statistics of the query–key kernel least squares, added sequence by sequence.
 
     With ``A = Wᵀ`` and ``M_s = V S_s`` (``S_s`` the second moment of sequence ``s``, centred
-    for ``kind="softmax"``), every token obeys ``y_i = M_s A x_i``. The normal equations of
+    for ``attention="softmax"``), every token obeys ``y_i = M_s A x_i``. The normal equations of
     ``vec(A)`` are ``G vec(A) = b`` with ``G = sum_s T_s ⊗ P_s``, ``T_s = S_s Vᵀ V S_s``,
     ``P_s = X_sᵀ X_s`` and ``b = sum_s vec(S_s Vᵀ Y_sᵀ X_s)``.
 
@@ -62,9 +62,9 @@ class KernelMoments:
     per chunk of sequences. Memory is independent of the number of sequences.
     """
 
-    def __init__(self, V, kind, scale=1.0):
+    def __init__(self, V, attention, scale=1.0):
         self.V = np.asarray(V, dtype=np.float64)
-        self.kind = kind
+        self.attention = attention
         # X and Y enter divided by this power of two (exact), so that the statistics, cubic and
         # quartic in X, stay finite for extreme data; they are those of the scaled data.
         self.scale = scale
@@ -92,7 +92,7 @@ class KernelMoments:
             if self.scale != 1.0:
                 Xb, Yb = Xb / self.scale, Yb / self.scale
             P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
-            if self.kind == "softmax":
+            if self.attention == "softmax":
                 # Around uniform weights the output is V x̄ plus a term linear in the centred
                 # moment: y_i - V x̄ = (beta / sqrt(d)) V C Wᵀ x_i.
                 means = Xb.mean(axis=1, keepdims=True)
@@ -234,12 +234,12 @@ class KernelMoments:
                      logit_rms=float(np.linalg.norm(root @ kernel @ root)))
 
 
-def qk_kernel_least_squares(X, Y, V, kind):
+def qk_kernel_least_squares(X, Y, V, attention):
     """Least-squares query–key kernel of attention with a known value map ``V``.
 
     One pass of :class:`KernelMoments` over all sequences; see :meth:`KernelMoments.solve`.
     """
-    return KernelMoments(V, kind).update(X, Y).solve()
+    return KernelMoments(V, attention).update(X, Y).solve()
 
 
 def _accumulate_outer(C, A, B):

@@ -4,7 +4,7 @@ Only imported names from dask are used inside the functions, so dask stays an op
 (``pip install "sklearn-ebound[dask]"``).
 """
 
-__all__ = ["is_dask_array", "dask_sample_blocks", "tree_merge"]
+__all__ = ["is_dask_array", "dask_sample_blocks", "tree_merge", "reduce_blocks"]
 
 
 def is_dask_array(array):
@@ -46,3 +46,13 @@ def tree_merge(parts):
         merged = [merge(a, b) for a, b in zip(parts[::2], parts[1::2], strict=False)]
         parts = merged + ([parts[-1]] if len(parts) % 2 else [])
     return parts[0]
+
+
+def reduce_blocks(block_statistics, blocks_x, blocks_y):
+    """``block_statistics(x, y)`` of every pair of blocks, one task each, merged as a tree and
+    computed on the current dask scheduler."""
+    import dask
+
+    parts = [dask.delayed(block_statistics)(bx, by)
+             for bx, by in zip(blocks_x, blocks_y, strict=True)]
+    return dask.compute(tree_merge(parts))[0]

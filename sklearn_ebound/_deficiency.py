@@ -4,12 +4,28 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 from sklearn.utils import Bunch, check_array, check_consistent_length
 
+from ._least_squares import path_squared_errors, solve_static
 from ._moments import Moments
-from ._operators import solve_static
-from ._reduced_rank import _path_squared_errors
 from ._spectrum import tail_energy
 
-__all__ = ["excess_risk_curve"]
+__all__ = ["excess_risk_curve", "estimated_noise_floor", "deficiency_columns"]
+
+
+def estimated_noise_floor(operator):
+    """The noise floor a static task's least squares estimates: the residual variance per
+    target entry times the number of targets (the risk per sample of the true operator)."""
+    return operator.noise_variance() * operator.residual.shape[0]
+
+
+def deficiency_columns(ranks, risk, noise_floor=None, singular_values=None):
+    """Excess risk ``risk(r) - noise floor`` and the bound ``T(r) = sum_{k>r} s_k^2`` of each
+    rank; NaN where the noise floor or the spectrum is not known."""
+    ranks = np.asarray(ranks, dtype=int)
+    risk = np.asarray(risk, dtype=np.float64)
+    excess = risk - noise_floor if noise_floor is not None else np.full(risk.shape, np.nan)
+    if singular_values is None:
+        return excess, np.full(risk.shape, np.nan)
+    return excess, tail_energy(np.asarray(singular_values, dtype=np.float64), ranks)
 
 
 def excess_risk_curve(
@@ -77,12 +93,12 @@ def excess_risk_curve(
         raise ValueError(f"`ranks` must be integers in [0, {bound_rank}]. Got {ranks!r}.")
     moments = Moments.from_arrays(X, Y)
     operator = solve_static(moments, alpha)
-    risk = _path_squared_errors(operator, moments, X_test, Y_test)[ranks].sum(axis=1)
+    risk = path_squared_errors(operator, moments, X_test, Y_test)[ranks].sum(axis=1)
     risk /= X_test.shape[0]
     if noise_floor is None:
-        noise_floor = operator.noise_variance() * Y.shape[1]
+        noise_floor = estimated_noise_floor(operator)
     if singular_values is None:
         singular_values = operator.fitted_singular_values / np.sqrt(moments.n)
-    bound = tail_energy(np.asarray(singular_values, dtype=np.float64), ranks)
-    return Bunch(ranks=ranks, risk=risk, excess_risk=risk - noise_floor, bound=bound,
+    excess, bound = deficiency_columns(ranks, risk, noise_floor, singular_values)
+    return Bunch(ranks=ranks, risk=risk, excess_risk=excess, bound=bound,
                  noise_floor=float(noise_floor))

@@ -15,8 +15,8 @@ from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._least_squares import path_squared_errors, solve_static
 from ._moments import Moments, power_of_two_scale
-from ._operators import solve_static
 
 __all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
 
@@ -213,29 +213,6 @@ class ReducedRankRegressor(_ReducedRankBase):
 _PATH_SCORINGS = ("r2", "neg_mean_squared_error")
 
 
-def _path_squared_errors(operator, moments, X_test, Y_test):
-    """Per-output squared test error of every rank 0..q from one decomposition.
-
-    Returns ``sse`` of shape (q + 1, q): ``sse[r, j]`` for the rank-``r`` model, output ``j``.
-    With ``C = (X - mean_x) B V`` and ``D = Y - mean_y`` the rank-``r`` residual of output ``j``
-    is ``d_j - sum_{k<r} V[j, k] c_k``, whose square expands through ``H = D^T C`` and
-    ``G = C^T C`` into cumulative sums over ``k``.
-    """
-    V = operator.output_directions
-    C = (X_test - moments.mean_x) @ (operator.coef @ V)
-    D = Y_test - moments.mean_y
-    H = D.T @ C
-    G = C.T @ C
-    cross = np.cumsum(V * H, axis=1)
-    # quad[j, r] = sum_{k, l <= r} V[j,k] V[j,l] G[k,l]; its increment at step t is
-    # 2 V[j,t] sum_{l<t} V[j,l] G[l,t] + V[j,t]^2 G[t,t].
-    A = V @ np.triu(G, k=1)
-    quad = np.cumsum(2 * V * A + V**2 * np.diag(G), axis=1)
-    base = np.einsum("ij,ij->j", D, D)
-    sse = np.vstack([base, base - 2 * cross.T + quad.T])
-    return np.clip(sse, 0, None)
-
-
 def _r2_from_sse(sse, Y_test):
     """``r2_score(..., multioutput="uniform_average")`` for each row of ``sse``."""
     sst = ((Y_test - Y_test.mean(axis=0)) ** 2).sum(axis=0)
@@ -312,7 +289,7 @@ def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercep
                 model._set_operator(moments, operator, rank)
                 scores[i, j] = scorer(model, X[test], Y[test])
             continue
-        sse = _path_squared_errors(operator, moments, X[test], Y[test])[ranks]
+        sse = path_squared_errors(operator, moments, X[test], Y[test])[ranks]
         if scoring == "neg_mean_squared_error":
             scores[i] = -sse.sum(axis=1) / Y[test].size
         else:

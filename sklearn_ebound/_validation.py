@@ -1,9 +1,15 @@
-"""Input checks shared by the estimators of sequence data."""
+"""Input checks shared by the package: sequence data, and spectra or stacks of matrices."""
 
 import numpy as np
 from sklearn.utils import check_array
 
-__all__ = ["check_sequences", "check_sequence_pair"]
+__all__ = [
+    "check_sequences",
+    "check_sequence_pair",
+    "check_same_sequence_shape",
+    "check_spectra",
+    "spectrum_output",
+]
 
 
 def check_sequences(array, name, dtype=np.float64):
@@ -35,3 +41,47 @@ def check_sequence_pair(X, Y, dtype=np.float64):
             f"`X` and `Y` must have the same number of tokens per sequence. Got {X.shape[1]} "
             f"and {Y.shape[1]}.")
     return X, Y
+
+
+def check_same_sequence_shape(X, Y, n_features, n_tokens, n_targets):
+    """Check that a later chunk of sequences has the shape of the first one."""
+    if (X.shape[2], X.shape[1], Y.shape[2]) != (n_features, n_tokens, n_targets):
+        raise ValueError(
+            f"Every chunk must have {n_tokens} tokens, {n_features} features and {n_targets} "
+            f"targets. Got X {X.shape} and y {Y.shape}.")
+
+
+def check_spectra(A, is_spectrum=None, name="A"):
+    """Return (s, shape, scalar) with ``s`` sorted descending along its last axis.
+
+    ``shape`` is the matrix shape ``(m, n)`` the spectrum came from (``None`` for a spectrum),
+    ``scalar`` tells whether one spectrum (rather than a stack) was given.
+    """
+    A = np.asarray(A)
+    if A.dtype.kind not in "biuf":
+        raise TypeError(f"`{name}` must be a real numeric array. Got dtype {A.dtype} instead.")
+    if A.ndim == 0:
+        raise ValueError(f"`{name}` must be a 1-D spectrum or an array of matrices. Got a scalar.")
+    if not np.all(np.isfinite(A)):
+        raise ValueError(f"`{name}` contains NaN or infinity.")
+    if is_spectrum is None:
+        is_spectrum = A.ndim == 1
+    if is_spectrum:
+        if np.any(A < 0):
+            raise ValueError(f"Singular values in `{name}` must be non-negative.")
+        s = -np.sort(-A.astype(np.float64, copy=False), axis=-1)
+        return s, None, A.ndim == 1
+    if A.ndim < 2:
+        raise ValueError(f"`{name}` must have at least 2 axes to be read as matrices.")
+    shape = A.shape[-2:]
+    if min(shape) == 0:
+        s = np.zeros(A.shape[:-2] + (0,))
+    else:
+        s = np.linalg.svd(A.astype(np.float64, copy=False), compute_uv=False)
+    return s, shape, A.ndim == 2
+
+
+def spectrum_output(values, scalar, dtype):
+    """One value as a Python scalar, a stack as an array of ``dtype``."""
+    values = np.asarray(values, dtype=dtype)
+    return values.item() if scalar else values

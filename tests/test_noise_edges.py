@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._operators import (
+from sklearn_ebound._null_edges import (
     LargestEigenvalueLaw,
     edge_matched_noise_covariance,
     largest_eigenvalue_law,

@@ -12,11 +12,11 @@ from sklearn.base import clone, is_classifier
 from sklearn.model_selection import GridSearchCV, check_cv
 from sklearn.utils import check_array
 
+from .._deficiency import deficiency_columns, estimated_noise_floor
+from .._least_squares import solve_static
 from .._moments import Moments
-from .._operators import solve_static
 from .._results import ResultTable
 from .._scoring import get_sequence_scorer
-from .._spectrum import tail_energy
 
 __all__ = ["rank_sweep", "RankSweepResult"]
 
@@ -247,12 +247,8 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
         X2 = check_array(X_arr, dtype=np.float64)
         Y2 = check_array(Y_arr, dtype=np.float64, ensure_2d=False)
         Y2 = Y2[:, None] if Y2.ndim == 1 else Y2
-        noise_floor = solve_static(Moments.from_arrays(X2, Y2)).noise_variance() * n_outputs
-    excess = risk - noise_floor if noise_floor is not None else np.full(len(ranks), np.nan)
-    if singular_values is not None:
-        bound = tail_energy(np.asarray(singular_values, dtype=np.float64), np.array(ranks))
-    else:
-        bound = np.full(len(ranks), np.nan)
+        noise_floor = estimated_noise_floor(solve_static(Moments.from_arrays(X2, Y2)))
+    excess, bound = deficiency_columns(ranks, risk, noise_floor, singular_values)
     sem = risk_std / np.sqrt(max(n_splits - 1, 1))
     best = int(np.argmin(risk))
     slack = max(sem[best], tolerance * (risk.max() - risk[best]))

@@ -1,159 +1,44 @@
-"""Operators solved from moments: least squares, reduced rank, and the edges of noise.
+"""Null edges: how large a singular value noise alone reaches, by random-matrix laws.
 
-Notation: ``Cxx, Cxy, Cyy`` are the centred cross-products of :class:`~._moments.Moments`,
-``B`` the least-squares (or ridge) operator with ``Y ~ X B``.
+Every rule that reads a rank from noisy data compares a spectrum with one of these edges:
+
+* Tracy–Widom TW1 (exact quantile, Chiani's gamma form for the tail) and the largest-eigenvalue
+  laws built on it: Johnstone (2001) for white noise, El Karoui (2007) for a noise covariance,
+  with a detached spike's own law (Baik, Ben Arous & Péché 2005), and the ratio of two largest
+  eigenvalues;
+* the Jacobi ensemble's edge for canonical correlations (Johnstone 2008);
+* John's sphericity test, which says whether the residuals may be treated as white, and the
+  shrinkage of the residual covariance matched to its largest eigenvalue;
+* Marchenko–Pastur's median and the Gavish–Donoho (2014) optimal hard threshold.
 """
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from numbers import Integral, Real
 
 import numpy as np
-from scipy import stats
+from scipy import integrate, stats
 from scipy.integrate import trapezoid
 from scipy.optimize import brentq
 from scipy.special import airy
 
+from ._validation import check_spectra, spectrum_output
+
 __all__ = [
-    "StaticOperator",
-    "solve_static",
-    "canonical_correlations",
-    "null_edge_canonical",
+    "DEFAULT_LEVEL",
+    "tracy_widom_quantile",
+    "tracy_widom_sf",
     "null_edge_white",
-    "LargestEigenvalueLaw",
-    "largest_eigenvalue_law",
+    "null_edge_canonical",
     "null_edge_correlated",
     "null_edge_ratio",
+    "LargestEigenvalueLaw",
+    "largest_eigenvalue_law",
     "edge_matched_noise_covariance",
-    "tracy_widom_sf",
-    "tracy_widom_quantile",
     "residuals_look_white",
+    "marchenko_pastur_median",
+    "optimal_hard_threshold",
 ]
-
-# Eigenvalues of a correlation-scaled Gram below this fraction of the largest are taken as
-# exact collinearity (a Gram's rounding error is about eps * its largest eigenvalue).
-_GRAM_RTOL = 1e-10
-
-
-def _whitening_basis(gram):
-    """Return ``W`` (p x k) with ``W^T gram W = I_k`` over the numerically non-null eigenspace.
-
-    The Gram is scaled to a correlation matrix first, so that features of wildly different
-    scales keep their full relative precision; constant features are dropped.
-    """
-    scale = np.sqrt(np.clip(np.diag(gram), 0, None))
-    keep = scale > 0
-    inv_scale = np.zeros_like(scale)
-    inv_scale[keep] = 1.0 / scale[keep]
-    # One side at a time: |gram_ij| / s_i <= s_j, so no intermediate overflows.
-    corr = (gram * inv_scale[:, None]) * inv_scale[None, :]
-    evals, evecs = np.linalg.eigh(corr)
-    top = evals[-1] if evals.size else 0.0
-    nonnull = evals > _GRAM_RTOL * top if top > 0 else np.zeros_like(evals, dtype=bool)
-    # gram = D corr D, corr = Q L Q^T  =>  W = D^{-1} Q L^{-1/2} whitens gram.
-    return (inv_scale[:, None] * evecs[:, nonnull]) / np.sqrt(evals[nonnull])
-
-
-@dataclass
-class StaticOperator:
-    """The least-squares operator of a static task and its rank-``r`` reduction path.
-
-    Attributes
-    ----------
-    coef : ndarray of shape (p, q)
-        Least-squares (``alpha=0``, minimum norm) or ridge operator ``B``.
-    output_directions : ndarray of shape (q, q)
-        Right singular vectors of the fitted values, by decreasing singular value: the rank-``r``
-        model is ``B V_r V_r^T`` (reduced-rank regression; with ridge, Mukherjee & Zhu 2011).
-    fitted_singular_values : ndarray of shape (q,)
-        Singular values of the (centred) fitted values ``X_c B``.
-    input_rank : int
-        Numerical rank of the centred inputs.
-    residual : ndarray of shape (q, q)
-        Residual cross-products ``(Y_c - X_c B)^T (Y_c - X_c B)``.
-    residual_dof : int
-        Residual degrees of freedom ``n - 1 - input_rank`` (``n - input_rank`` uncentred).
-    target_energy : float
-        ``trace(Cyy)``, the scale below which the residual cannot be resolved.
-    """
-
-    coef: np.ndarray
-    output_directions: np.ndarray
-    fitted_singular_values: np.ndarray
-    input_rank: int
-    residual: np.ndarray
-    residual_dof: int
-    target_energy: float
-
-    def noise_variance(self):
-        """Residual variance per target entry, ``trace(residual) / (dof * q)``.
-
-        The residual comes from ``Cyy - fitted``, a difference that rounds at about
-        ``eps * trace(Cyy)``: the estimate is floored there so a noise-free task reads as
-        noise at the resolution of float64, not as zero or negative noise.
-        """
-        q = self.residual.shape[0]
-        resolution = 64 * np.finfo(np.float64).eps * self.target_energy
-        return max(np.trace(self.residual), resolution) / (max(self.residual_dof, 1) * q)
-
-    def reduced_coef(self, rank):
-        """``B V_r V_r^T``: the best rank-``rank`` operator on the training data."""
-        V = self.output_directions[:, :rank]
-        return (self.coef @ V) @ V.T
-
-
-def solve_static(moments, alpha=0.0):
-    """Solve moments for the static operator and its reduced-rank path."""
-    W = _whitening_basis(moments.xx)
-    input_rank = W.shape[1]
-    if alpha > 0:
-        coef = np.linalg.solve(moments.xx + alpha * np.eye(moments.xx.shape[0]), moments.xy)
-    else:
-        # B = Cxx^+ Cxy = W W^T Cxy (minimum-norm least squares).
-        coef = W @ (W.T @ moments.xy)
-    # Fitted Gram: (X_c B)^T (X_c B) = B^T Cxy without ridge; B^T (Cxx + alpha I) B = B^T Cxy
-    # is the augmented-data form of reduced-rank ridge regression.
-    fitted_gram = coef.T @ moments.xy
-    fitted_gram = (fitted_gram + fitted_gram.T) / 2
-    evals, evecs = np.linalg.eigh(fitted_gram)
-    order = np.argsort(evals)[::-1]
-    evals, evecs = evals[order], evecs[:, order]
-    # Eigenvalues of a Gram are resolved to about eps * its largest one; below that they are
-    # rounding (whose square roots would pass for singular values of size sqrt(eps)).
-    resolution = 64 * len(evals) * np.finfo(np.float64).eps * max(evals[0] if evals.size else 0, 0)
-    evals = np.where(evals > resolution, evals, 0.0)
-    # Deterministic signs: the largest entry of each direction is positive.
-    signs = np.sign(evecs[np.argmax(np.abs(evecs), axis=0), np.arange(evecs.shape[1])])
-    evecs *= np.where(signs == 0, 1, signs)
-    # Residual cross-products of the least-squares fit: Cyy - Cxy^T Cxx^+ Cxy.
-    projected = W.T @ moments.xy
-    residual = moments.yy - projected.T @ projected
-    residual = (residual + residual.T) / 2
-    return StaticOperator(
-        coef=coef,
-        output_directions=evecs,
-        fitted_singular_values=np.sqrt(evals),
-        input_rank=input_rank,
-        residual=residual,
-        residual_dof=moments.dof - input_rank,
-        target_energy=float(np.trace(moments.yy)),
-    )
-
-
-def canonical_correlations(moments):
-    """Canonical correlations between ``X`` and ``Y``, largest first.
-
-    They are the singular values of ``Wx^T Cxy Wy`` with ``Wx, Wy`` whitening the two sets,
-    and do not change under any invertible linear map of the inputs or of the outputs. Their
-    squares are the eigenvalues of ``(H + E)^{-1} H`` with ``H`` the fitted and ``E`` the
-    residual cross-products: the noise-whitened spectrum of the operator.
-    """
-    Wx = _whitening_basis(moments.xx)
-    Wy = _whitening_basis(moments.yy)
-    if Wx.shape[1] == 0 or Wy.shape[1] == 0:
-        return np.zeros(0), Wx.shape[1], Wy.shape[1]
-    rho = np.linalg.svd(Wx.T @ moments.xy @ Wy, compute_uv=False)
-    return np.clip(rho, 0.0, 1.0), Wx.shape[1], Wy.shape[1]
-
 
 # The default level of every edge: 99.9%, a false-positive rate of 0.1% per test.
 DEFAULT_LEVEL = 0.999
@@ -488,3 +373,84 @@ def edge_matched_noise_covariance(residual, dof):
     else:
         theta = brentq(excess, 0.0, 1.0, xtol=1e-6)
     return (1 - theta) * sample + theta * mean, vectors
+
+
+def _mp_density(x, beta):
+    """Marchenko–Pastur density of the eigenvalues of ``X X^T / n`` for unit-variance entries."""
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+    return np.sqrt(np.maximum((hi - x) * (x - lo), 0.0)) / (2 * np.pi * beta * x)
+
+
+@lru_cache(maxsize=256)
+def marchenko_pastur_median(beta):
+    """Median of the Marchenko–Pastur law with aspect ratio ``beta = m / n`` in ``(0, 1]``."""
+    if not 0 < beta <= 1:
+        raise ValueError(f"`beta` must lie in (0, 1]. Got {beta!r} instead.")
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+
+    def mass_below(mu):
+        return integrate.quad(_mp_density, lo, mu, args=(beta,), limit=200)[0] - 0.5
+
+    return brentq(mass_below, lo, hi, xtol=1e-12)
+
+
+def _lambda_star(beta):
+    # Gavish & Donoho (2014), eq. (11): threshold coefficient for known noise level.
+    return np.sqrt(2 * (beta + 1) + 8 * beta / (beta + 1 + np.sqrt(beta**2 + 14 * beta + 1)))
+
+
+def _matrix_shape(shape, s):
+    if shape is None:
+        return (s.shape[-1], s.shape[-1])
+    if (
+        len(shape) != 2
+        or not all(isinstance(v, Integral) and v > 0 for v in shape)
+        or min(shape) < s.shape[-1]
+    ):
+        raise ValueError(
+            "`shape` must be a pair of positive integers (m, n) with min(m, n) >= the number "
+            f"of singular values ({s.shape[-1]}). Got {shape!r} instead."
+        )
+    return tuple(int(v) for v in shape)
+
+
+def optimal_hard_threshold(A, sigma=None, *, shape=None, is_spectrum=None):
+    """Gavish–Donoho optimal hard threshold for the singular values of a noisy matrix.
+
+    For an ``m x n`` matrix, ``beta = min(m, n) / max(m, n)`` and ``n`` the larger side:
+
+    * noise level ``sigma`` known: ``lambda(beta) * sqrt(n) * sigma`` (``lambda(1) = 4/sqrt(3)``);
+    * unknown: ``omega(beta) * median(s)`` with ``omega(beta) = lambda(beta) / sqrt(mu_beta)``,
+      ``mu_beta`` the Marchenko–Pastur median (``omega(1) ~ 2.858``).
+
+    Parameters
+    ----------
+    A : array-like
+        A spectrum or a stack of matrices (see the module docstring).
+    sigma : float, default=None
+        Standard deviation of the i.i.d. noise entries; ``None`` estimates it from the median.
+    shape : tuple of int, default=None
+        ``(m, n)`` of the matrix a spectrum came from. Ignored for matrices; for a spectrum of
+        length ``k`` it defaults to ``(k, k)``. The unknown-noise rule needs the full spectrum
+        (``min(m, n)`` values).
+
+    Returns
+    -------
+    threshold : float or ndarray
+    """
+    s, matrix_shape, scalar = check_spectra(A, is_spectrum)
+    m, n = sorted(matrix_shape if matrix_shape is not None else _matrix_shape(shape, s))
+    beta = m / n
+    if sigma is not None:
+        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not sigma >= 0:
+            raise ValueError(f"`sigma` must be a non-negative real number. Got {sigma!r}.")
+        tau = np.full(s.shape[:-1], _lambda_star(beta) * np.sqrt(n) * sigma)
+    else:
+        if s.shape[-1] != m:
+            raise ValueError(
+                f"The unknown-noise threshold needs all min(m, n) = {m} singular values; got "
+                f"{s.shape[-1]}. Pass `sigma` or the full spectrum."
+            )
+        omega = _lambda_star(beta) / np.sqrt(marchenko_pastur_median(beta))
+        tau = omega * np.median(s, axis=-1)
+    return spectrum_output(tau, scalar, np.float64)

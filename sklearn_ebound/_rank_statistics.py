@@ -1,0 +1,148 @@
+"""The statistics a rank is read from, chosen by the data and the estimator's settings.
+
+One table, :data:`STATISTICS`, says for each kind of statistics which data and settings lead
+to it, what it is, and which criteria can read a rank from it; the estimator's errors and its
+docstring are written from it.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from sklearn.utils import check_array
+
+from ._attention_operators import KernelMoments, per_token_data, token_mixing_data
+from ._moments import Moments, power_of_two_scale
+
+__all__ = [
+    "STATISTICS",
+    "CV_NEEDS_ALL_DATA",
+    "choose_statistics",
+    "check_criterion",
+    "criteria_table",
+    "new_statistics",
+    "statistic_rows",
+]
+
+
+class Statistics(NamedTuple):
+    """One kind of statistics: the data that feed it, what is solved, the criteria it allows."""
+
+    data: str
+    operator: str
+    criteria: tuple
+    why: str = ""
+
+
+STATISTICS = {
+    "inputs": Statistics(
+        "2-D ``X`` alone", "the spectrum of ``X``", ("threshold", "energy"),
+        "'rsc' and 'cv' compare fitted values with residuals, so the criterion needs targets "
+        "`y`"),
+    "static": Statistics(
+        "2-D ``X`` and ``y``", "the least-squares operator ``Y ~ X B``",
+        ("threshold", "rsc", "cv", "energy")),
+    "token_mixing": Statistics(
+        "sequences, ``operator='static'``",
+        "the naive static transfer, one token-mixing matrix ``Y_s ~ M X_s``",
+        ("threshold", "rsc", "energy"),
+        "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
+    "per_token": Statistics(
+        "sequences, ``operator='attention'``, ``value=None``",
+        "the per-token channel operator ``y_i ~ V Sigma Wᵀ x_i``",
+        ("threshold", "rsc", "energy"),
+        "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
+    "kernel": Statistics(
+        "sequences, ``operator='attention'``, known ``value``",
+        "the query–key kernel's least squares ``y_i = V S Wᵀ x_i``", ("threshold", "energy"),
+        "the kernel's least squares has no reduced-rank path, so 'rsc' and 'cv' are not "
+        "available with a known value map"),
+}
+
+CV_NEEDS_ALL_DATA = ("criterion='cv' scores held-out folds of all the data in memory, so it "
+                     "cannot be accumulated by partial_fit nor reduced over dask blocks")
+
+
+def criteria_table():
+    """The table of :data:`STATISTICS` as reStructuredText, for the estimator's docstring."""
+    rows = [(s.data, ", ".join(f'``"{c}"``' for c in s.criteria)) for s in STATISTICS.values()]
+    header = ("data", "criteria")
+    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(2)]
+    rule = "  ".join("=" * w for w in widths)
+    lines = [rule, f"{header[0]:{widths[0]}}  {header[1]}", rule]
+    lines += [f"{data:{widths[0]}}  {criteria}" for data, criteria in rows]
+    return "\n".join([*lines, rule])
+
+
+def check_criterion(name, criterion):
+    """Raise a ValueError, from the table, when ``criterion`` cannot read statistics ``name``."""
+    entry = STATISTICS[name]
+    if criterion not in entry.criteria:
+        allowed = ", ".join(repr(c) for c in entry.criteria)
+        data, operator = (text.replace("``", "`") for text in (entry.data, entry.operator))
+        raise ValueError(f"criterion={criterion!r} is not available for {data} ({operator}): "
+                         f"{entry.why}. Use one of {allowed}.")
+
+
+def _n_dims(X):
+    shape = getattr(X, "shape", None)
+    return len(shape) if shape is not None else np.asarray(X).ndim
+
+
+def choose_statistics(X, Y, operator, value):
+    """The name of the statistics that ``X``, ``Y`` and the settings feed."""
+    for name, array in (("X", X), ("Y", Y)):
+        if array is not None and _n_dims(array) > 3:
+            raise ValueError(
+                f"`{name}` must be 2-D (n_samples, n_features) or 3-D sequences (n_samples, "
+                f"n_tokens, n_channels). Got a {_n_dims(array)}-D array.")
+    if Y is not None and operator == "static" and (_n_dims(X) == 3) != (_n_dims(Y) == 3):
+        raise ValueError(
+            "`X` and `Y` must both be 2-D (n_samples, n_features) or both be 3-D sequences "
+            f"(n_samples, n_tokens, n_channels). Got {_n_dims(X)}-D X and {_n_dims(Y)}-D Y.")
+    if operator == "attention" or _n_dims(X) == 3:
+        if Y is None:
+            raise ValueError("Sequence data (3-D `X`) needs the target sequences `Y`.")
+        if operator == "static":
+            return "token_mixing"
+        return "per_token" if value is None else "kernel"
+    return "inputs" if Y is None else "static"
+
+
+def statistic_rows(name, X, Y, attention):
+    """The rows the 2-D statistics of ``name`` are made of, for one validated chunk."""
+    if name == "token_mixing":
+        return token_mixing_data(X, Y)
+    if name == "per_token":
+        return per_token_data(X, Y, center_sequences=attention == "softmax")
+    return X, Y
+
+
+def value_map(value, n_features, n_targets):
+    """The value map ``V`` as an array of shape ``(n_targets, n_features)``."""
+    if isinstance(value, str):  # "identity"
+        if n_targets != n_features:
+            raise ValueError(f"value='identity' needs n_targets == n_features. Got "
+                             f"{n_targets} and {n_features}.")
+        return np.eye(n_features)
+    V = check_array(value, dtype=np.float64, input_name="value")
+    if V.shape != (n_targets, n_features):
+        raise ValueError(f"`value` must have shape (n_targets, n_features) = "
+                         f"{(n_targets, n_features)}. Got {V.shape} instead.")
+    return V
+
+
+def new_statistics(name, X, Y, *, attention, value, center):
+    """Empty statistics ``name`` for data shaped like the first chunk, and their scales.
+
+    The data enter divided by the powers of two of the first chunk (exact), so that the
+    products of extreme data stay finite; the scales ``(s_x, s_y)`` are returned with them.
+    """
+    scales = (power_of_two_scale(X), power_of_two_scale(Y))
+    if name == "kernel":
+        # The value map V takes X's units to Y's: one common scale keeps it valid.
+        scales = (max(scales),) * 2
+        V = value_map(value, X.shape[2], Y.shape[2])
+        return KernelMoments(V, attention, scale=scales[0]), scales
+    X2, Y2 = statistic_rows(name, X[:1], Y[:1], attention)
+    return Moments.empty(X2.shape[1], Y2.shape[1], center=center, scale_x=scales[0],
+                         scale_y=scales[1]), scales
