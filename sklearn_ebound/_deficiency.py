@@ -1,5 +1,7 @@
 """Deficiency and achievability: held-out excess risk of rank-``r`` models against ``T(r)``."""
 
+import warnings
+
 import numpy as np
 from sklearn.model_selection import train_test_split
 from sklearn.utils import Bunch, check_array, check_consistent_length
@@ -30,16 +32,17 @@ def deficiency_columns(ranks, risk, noise_floor=None, singular_values=None):
 
 def excess_risk_curve(
     X,
-    Y,
+    y,
     *,
     ranks=None,
     X_test=None,
-    Y_test=None,
+    y_test=None,
     test_size=0.5,
     noise_floor=None,
     singular_values=None,
     alpha=0.0,
     random_state=None,
+    Y_test="deprecated",
 ):
     """Held-out excess risk of the best rank-``r`` model next to the bound ``T(r)``.
 
@@ -51,11 +54,11 @@ def excess_risk_curve(
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features)
-    Y : array-like of shape (n_samples, n_targets)
+    y : array-like of shape (n_samples, n_targets)
     ranks : array-like of int, default=None
         Ranks to evaluate; ``None`` means ``0..min(n_features, n_targets)``.
-    X_test, Y_test : array-like, default=None
-        Held-out data. ``None`` splits ``X, Y`` with ``test_size``.
+    X_test, y_test : array-like, default=None
+        Held-out data. ``None`` splits ``X, y`` with ``test_size``.
     test_size : float, default=0.5
         Held-out fraction when no test data is given.
     noise_floor : float, default=None
@@ -69,31 +72,38 @@ def excess_risk_curve(
         Ridge penalty of the rank-``r`` models.
     random_state : int, RandomState instance or None, default=None
         Seed of the train/test split.
+    Y_test : array-like
+        Deprecated spelling of ``y_test``, kept for one release.
 
     Returns
     -------
     curve : Bunch
         ``ranks``, ``risk``, ``excess_risk``, ``bound`` (``T(r)``), ``noise_floor``.
     """
+    if not (isinstance(Y_test, str) and Y_test == "deprecated"):
+        warnings.warn("`Y_test` was renamed `y_test` (scikit-learn's spelling of targets); "
+                      "`Y_test` will be removed in the next release.", FutureWarning,
+                      stacklevel=2)
+        y_test = Y_test
     X = check_array(X, dtype=np.float64, input_name="X")
-    Y = check_array(Y, dtype=np.float64, ensure_2d=False, input_name="Y")
+    Y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
     Y = Y[:, None] if Y.ndim == 1 else Y
     check_consistent_length(X, Y)
     if X_test is None:
-        X, X_test, Y, Y_test = train_test_split(X, Y, test_size=test_size,
-                                                random_state=random_state)
+        X, X_test, Y, Y_held_out = train_test_split(X, Y, test_size=test_size,
+                                                    random_state=random_state)
     else:
         X_test = check_array(X_test, dtype=np.float64, input_name="X_test")
-        Y_test = check_array(Y_test, dtype=np.float64, ensure_2d=False, input_name="Y_test")
-        Y_test = Y_test[:, None] if Y_test.ndim == 1 else Y_test
-        check_consistent_length(X_test, Y_test)
+        Y_held_out = check_array(y_test, dtype=np.float64, ensure_2d=False, input_name="y_test")
+        Y_held_out = Y_held_out[:, None] if Y_held_out.ndim == 1 else Y_held_out
+        check_consistent_length(X_test, Y_held_out)
     bound_rank = min(X.shape[1], Y.shape[1])
     ranks = np.arange(bound_rank + 1) if ranks is None else np.asarray(ranks, dtype=int)
     if ranks.ndim != 1 or ranks.size == 0 or ranks.min() < 0 or ranks.max() > bound_rank:
         raise ValueError(f"`ranks` must be integers in [0, {bound_rank}]. Got {ranks!r}.")
     moments = Moments.from_arrays(X, Y)
     operator = solve_static(moments, alpha)
-    risk = path_squared_errors(operator, moments, X_test, Y_test)[ranks].sum(axis=1)
+    risk = path_squared_errors(operator, moments, X_test, Y_held_out)[ranks].sum(axis=1)
     risk /= X_test.shape[0]
     if noise_floor is None:
         noise_floor = estimated_noise_floor(operator)

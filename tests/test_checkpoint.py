@@ -98,11 +98,11 @@ def test_parallel_groups_write_every_rank(tmp_path):
 @pytest.mark.parametrize("change, differing", [
     (dict(cv=4), "cv_splits"),
     (dict(estimator=ReducedRankRegressor(alpha=1.0)), "estimator_params"),
-    (dict(Y=_Y + 1.0), "Y"),
+    (dict(y=_Y + 1.0), "Y"),
 ])
 def test_checkpoint_from_other_settings_is_refused(tmp_path, change, differing):
     rank_sweep(ReducedRankRegressor(), _X, _Y, [0, 1], cv=3, checkpoint=tmp_path)
-    kwargs = dict(estimator=ReducedRankRegressor(), X=_X, Y=_Y, ranks=[0, 1], cv=3)
+    kwargs = dict(estimator=ReducedRankRegressor(), X=_X, y=_Y, ranks=[0, 1], cv=3)
     kwargs.update(change)
     with pytest.raises(ValueError, match=rf"`checkpoint` holds rank 0 .*differing: .*{differing}"):
         rank_sweep(**kwargs, checkpoint=tmp_path)

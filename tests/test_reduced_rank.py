@@ -26,7 +26,7 @@ def test_deficiency_and_achievability(seed):
     Y_test = X_test @ params.coef + E
     # Floor measured on the same held-out noise, so the excess isolates the model error.
     floor = np.mean(np.sum(E**2, axis=1))
-    curve = excess_risk_curve(X, Y, X_test=X_test, Y_test=Y_test, noise_floor=floor,
+    curve = excess_risk_curve(X, Y, X_test=X_test, y_test=Y_test, noise_floor=floor,
                               singular_values=params.singular_values)
     r_star = params.rank
     below = curve.ranks < r_star
@@ -99,3 +99,11 @@ def test_rank_upper_bound_is_checked():
         ReducedRankRegressorCV(ranks=[1, 5]).fit(X, Y)
     with pytest.raises(ValueError, match="ranks"):
         ReducedRankRegressorCV(ranks=[-1, 2]).fit(X, Y)
+
+
+def test_excess_risk_curve_keeps_the_old_target_keyword_for_one_release():
+    X, Y = make_static_task(300, 6, 4, rank=2, noise=0.5, random_state=0)
+    new = excess_risk_curve(X[:200], Y[:200], X_test=X[200:], y_test=Y[200:])
+    with pytest.warns(FutureWarning, match="`Y_test` was renamed `y_test`"):
+        old = excess_risk_curve(X[:200], Y[:200], X_test=X[200:], Y_test=Y[200:])
+    np.testing.assert_array_equal(old.risk, new.risk)

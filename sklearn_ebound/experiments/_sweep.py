@@ -146,7 +146,7 @@ def _checkpointed_scores(estimator, X, Y, ranks, *, cv, n_jobs, scoring, scoring
     return scores, len(splits)
 
 
-def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
+def rank_sweep(estimator, X, y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
                singular_values=None, param_name="rank", tolerance=0.01, verbose=0,
                checkpoint=None):
     """Sweep the rank of a model and locate the knee of its held-out risk.
@@ -160,7 +160,7 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
     ----------
     estimator : estimator
         A regressor with a rank parameter (``param_name``).
-    X, Y : array-like
+    X, y : array-like
         2-D ``(n_samples, n_features)`` / ``(n_samples, n_targets)`` or sequences
         ``(n_samples, n_tokens, n_features)`` / ``(n_samples, n_tokens, n_targets)``.
     ranks : iterable of int
@@ -190,7 +190,7 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
         ``rank-<rank>.json``, written atomically (a temporary file, then a rename), with the
         settings they are valid under: the estimator class and a hash of its other
         parameters, ``param_name``, the scoring, a hash of the cv split indices, and the shape
-        and a content hash of ``X`` and ``Y`` (numpy arrays; other containers by shape only).
+        and a content hash of ``X`` and ``y`` (numpy arrays; other containers by shape only).
         A rerun with the same directory computes only the ranks without a file; a file
         written under other settings raises ``ValueError`` rather than being mixed in or
         silently overwritten. Ranks stored but not asked for are left alone, so a later sweep
@@ -220,20 +220,20 @@ def rank_sweep(estimator, X, Y, ranks, *, cv=5, n_jobs=None, noise_floor=None,
     if not ranks:
         raise ValueError("`ranks` must hold at least one rank.")
     X_arr = np.asarray(X) if not hasattr(X, "shape") else X
-    Y_arr = np.asarray(Y) if not hasattr(Y, "shape") else Y
+    Y_arr = np.asarray(y) if not hasattr(y, "shape") else y
     sequences = np.ndim(Y_arr) == 3
     scoring = (get_sequence_scorer("neg_mean_squared_error") if sequences
                else "neg_mean_squared_error")
     if checkpoint is None:
         search = GridSearchCV(estimator, {param_name: ranks}, scoring=scoring, cv=cv,
                               n_jobs=n_jobs, refit=False, verbose=verbose, error_score="raise")
-        search.fit(X, Y)
+        search.fit(X, y)
         results = search.cv_results_
         n_splits = search.n_splits_
         scores = np.array([results[f"split{k}_test_score"] for k in range(n_splits)])
     else:
         by_rank, n_splits = _checkpointed_scores(
-            estimator, X, Y, ranks, cv=cv, n_jobs=n_jobs, scoring=scoring,
+            estimator, X, y, ranks, cv=cv, n_jobs=n_jobs, scoring=scoring,
             scoring_name="neg_mean_squared_error", param_name=param_name, verbose=verbose,
             checkpoint=checkpoint)
         scores = np.column_stack([by_rank[rank] for rank in ranks])
