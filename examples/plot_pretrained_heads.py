@@ -27,6 +27,7 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
+from sklearn_ebound.display import HeadRankDisplay, HeadSpectrumDisplay
 from sklearn_ebound.heads import head_ranks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local
@@ -90,8 +91,8 @@ print("Published, five larger models (d_h 64/128): kernel 38-75, logit field 2-1
 # Heat maps: kernel rank vs logit-field rank
 # ------------------------------------------
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
-result.plot_heatmap("kernel_energy_rank_90", ax=axes[0])
-result.plot_heatmap("field_energy_rank_90", ax=axes[1])
+HeadRankDisplay.from_result(result, "kernel_energy_rank_90", ax=axes[0])
+HeadRankDisplay.from_result(result, "field_energy_rank_90", ax=axes[1])
 fig.tight_layout()
 
 # %%
@@ -100,5 +101,5 @@ fig.tight_layout()
 # The kernel spectrum decays slowly; the field on text has one dominant direction and a fast
 # decay.
 layer, head = np.unravel_index(np.argmax(result.grid("rank_ratio_90")), kernel.shape)
-result.plot_spectrum(layer, head)
+HeadSpectrumDisplay.from_result(result, layer, head)
 plt.show()

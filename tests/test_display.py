@@ -10,8 +10,15 @@ from sklearn.exceptions import NotFittedError
 
 from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor, energy_rank, entropy_rank
 from sklearn_ebound.datasets import make_static_task
-from sklearn_ebound.display import FrontierDisplay, RankSweepDisplay, SpectrumDisplay
+from sklearn_ebound.display import (
+    FrontierDisplay,
+    HeadRankDisplay,
+    HeadSpectrumDisplay,
+    RankSweepDisplay,
+    SpectrumDisplay,
+)
 from sklearn_ebound.experiments import FrontierResult, RankSweepResult
+from sklearn_ebound.heads import head_ranks
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -187,6 +194,61 @@ def test_frontier_asks_for_a_slice():
         FrontierDisplay.from_result(_frontier_result(), x="n_tokens", y="n_tokens")
 
 
+# HeadRankDisplay and HeadSpectrumDisplay ------------------------------------------------
+
+
+def _head_result(inputs=True):
+    # 3 layers x 2 heads of d_h = 4 in the BERT naming; with hidden states, a logit field.
+    rng = np.random.default_rng(0)
+    state = {f"encoder.layer.{i}.attention.self.{m}.weight": rng.normal(size=(8, 8))
+             for i in range(3) for m in ("query", "key")}
+    X = rng.normal(size=(10, 5, 8))
+    return head_ranks(state, n_heads=2, inputs=[X] * 3 if inputs else None)
+
+
+def test_head_rank_heat_map_of_one_column():
+    result = _head_result()
+    display = HeadRankDisplay.from_result(result, "field_energy_rank_90")
+    np.testing.assert_array_equal(display.im_.get_array(), result.grid("field_energy_rank_90"))
+    assert display.ranks.shape == (3, 2) and display.head_dim == 4
+    assert display.ax_.get_xlabel() == "head" and display.ax_.get_ylabel() == "layer"
+    assert display.ax_.get_title() == "field_energy_rank_90 (d_h = 4)"
+    assert display.colorbar_.ax.get_ylabel() == "field_energy_rank_90"
+    assert display.figure_ is display.ax_.figure
+
+
+def test_head_rank_default_column_and_given_axes():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    display = HeadRankDisplay.from_result(_head_result(inputs=False), ax=ax, colorbar=False)
+    assert display.ax_ is ax and display.figure_ is fig
+    assert display.column == "kernel_energy_rank_90" and display.colorbar_ is None
+    with pytest.raises(ValueError, match="`column` must be one of"):
+        HeadRankDisplay.from_result(_head_result(), "nope")
+
+
+def test_head_spectrum_of_kernel_and_field():
+    result = _head_result()
+    display = HeadSpectrumDisplay.from_result(result, 2, 1)
+    s = result.kernel_spectra[2, 1]
+    np.testing.assert_allclose(display.kernel_line_.get_ydata(), s / s[0])
+    f = result.field_spectra[2, 1]
+    np.testing.assert_allclose(display.field_line_.get_ydata(), f / f[0])
+    # One dotted line per spectrum and energy level, at that energy rank.
+    assert [line.get_xdata()[0] for line in display.energy_rank_lines_] == [
+        energy_rank(s, 0.9), energy_rank(s, 0.99), energy_rank(f, 0.9), energy_rank(f, 0.99)]
+    assert len(display.ax_.get_legend().get_texts()) == 2
+    assert display.ax_.get_yscale() == "log"
+    assert display.ax_.get_title().startswith("layer 2, head 1 (dotted: energy ranks at 90%")
+
+
+def test_head_spectrum_without_inputs():
+    display = HeadSpectrumDisplay.from_result(_head_result(inputs=False), 0, 0)
+    assert display.field_line_ is None and len(display.energy_rank_lines_) == 2
+    assert len(display.ax_.get_legend().get_texts()) == 1
+
+
 # Without matplotlib -----------------------------------------------------------------------
 
 
@@ -212,11 +274,27 @@ def test_clear_error_without_matplotlib(no_matplotlib, call):
         call()
 
 
+@pytest.mark.parametrize("call", [
+    lambda: HeadRankDisplay.from_result(_head_result()),
+    lambda: HeadSpectrumDisplay.from_result(_head_result(), 0, 0),
+    lambda: HeadSpectrumDisplay(kernel_spectrum=np.ones(3)).plot(),
+])
+def test_clear_error_without_matplotlib_for_head_displays(no_matplotlib, call):
+    with pytest.raises(ImportError, match=r'requires matplotlib.*sklearn-ebound\[plot\]'):
+        call()
+
+
 # Docstring examples ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("module", ["_sweep", "_spectrum", "_frontier"])
 def test_docstring_examples_run(module):
     module = importlib.import_module(f"sklearn_ebound.display.{module}")
+    failures, attempted = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert attempted and not failures
+
+
+def test_head_display_docstring_examples_run():
+    module = importlib.import_module("sklearn_ebound.display._heads")
     failures, attempted = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert attempted and not failures

@@ -296,6 +296,23 @@ def test_result_plots():
     plt.close("all")
 
 
+def test_result_plot_methods_are_deprecated_for_the_displays():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = _small_result()
+    with pytest.warns(FutureWarning, match="HeadRankDisplay.from_result"):
+        ax = result.plot_heatmap("field_energy_rank_90")
+    np.testing.assert_array_equal(ax.images[0].get_array(), result.grid("field_energy_rank_90"))
+    with pytest.warns(FutureWarning, match="HeadSpectrumDisplay.from_result"):
+        ax = result.plot_spectrum(2, 1)
+    assert ax.get_title().startswith("layer 2, head 1")
+    plt.close("all")
+
+
 def test_bad_input():
     rng = np.random.default_rng(7)
     state = {"encoder.layer.0.attention.self.query.weight": rng.normal(size=(8, 8)),

@@ -6,7 +6,14 @@ is imported only when drawing; install it with ``pip install "sklearn-ebound[plo
 """
 
 from ._frontier import FrontierDisplay
+from ._heads import HeadRankDisplay, HeadSpectrumDisplay
 from ._spectrum import SpectrumDisplay
 from ._sweep import RankSweepDisplay
 
-__all__ = ["RankSweepDisplay", "SpectrumDisplay", "FrontierDisplay"]
+__all__ = [
+    "RankSweepDisplay",
+    "SpectrumDisplay",
+    "FrontierDisplay",
+    "HeadRankDisplay",
+    "HeadSpectrumDisplay",
+]

@@ -15,6 +15,7 @@ rank at most ``d_h``). Two spectra are read per head:
   (``L = X W X^T / sqrt(d_h)``, again through a ``d_h x d_h`` core) and per sequence.
 """
 
+import warnings
 from numbers import Real
 
 import numpy as np
@@ -180,41 +181,28 @@ class HeadRankResult(ResultTable):
         return ResultTable(rows, tau=tau, head_dim=self.head_dim)
 
     def plot_heatmap(self, column, ax=None):
-        """Draw one column as a layers x heads heat map; returns the matplotlib axes."""
-        from ..display._matplotlib import new_axes
+        """Draw one column as a layers x heads heat map; returns the matplotlib axes.
 
-        grid = self.grid(column)
-        fig, ax = new_axes(ax, "HeadRankResult.plot_heatmap")
-        image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-        fig.colorbar(image, ax=ax, label=column)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_xticks(range(grid.shape[1]))
-        ax.set_yticks(range(grid.shape[0]))
-        ax.set_title(f"{column} (d_h = {self.head_dim})")
-        return ax
+        Deprecated: use :meth:`sklearn_ebound.display.HeadRankDisplay.from_result`.
+        """
+        from ..display import HeadRankDisplay
+
+        warnings.warn("`HeadRankResult.plot_heatmap` is deprecated and will be removed; use "
+                      "`sklearn_ebound.display.HeadRankDisplay.from_result(result, column)` "
+                      "instead.", FutureWarning, stacklevel=2)
+        return HeadRankDisplay.from_result(self, column, ax=ax).ax_
 
     def plot_spectrum(self, layer, head, ax=None):
-        """Normalised kernel (and field) spectra of one head, log scale; returns the axes."""
-        from ..display._matplotlib import new_axes
+        """Normalised kernel (and field) spectra of one head, log scale; returns the axes.
 
-        _, ax = new_axes(ax, "HeadRankResult.plot_spectrum")
-        spectra = [("QK kernel W_Q W_K^T", self.kernel_spectra)]
-        if getattr(self, "field_spectra", None) is not None:
-            spectra.append(("logit field on the inputs", self.field_spectra))
-        index = np.arange(1, self.head_dim + 1)
-        for name, values in spectra:
-            s = np.asarray(values)[layer, head]
-            ax.semilogy(index, s / s[0] if s[0] > 0 else s, "o-", markersize=3, label=name)
-            for tau in self.taus:
-                ax.axvline(energy_rank(s, tau), linestyle=":", color=ax.lines[-1].get_color(),
-                           linewidth=1)
-        ax.set_xlabel("component")
-        ax.set_ylabel("singular value / largest")
-        ax.set_title(f"layer {layer}, head {head} (dotted: energy ranks at "
-                     f"{', '.join(_tau_label(t) + '%' for t in self.taus)})")
-        ax.legend()
-        return ax
+        Deprecated: use :meth:`sklearn_ebound.display.HeadSpectrumDisplay.from_result`.
+        """
+        from ..display import HeadSpectrumDisplay
+
+        warnings.warn("`HeadRankResult.plot_spectrum` is deprecated and will be removed; use "
+                      "`sklearn_ebound.display.HeadSpectrumDisplay.from_result(result, layer, "
+                      "head)` instead.", FutureWarning, stacklevel=2)
+        return HeadSpectrumDisplay.from_result(self, layer, head, ax=ax).ax_
 
 
 def _check_taus(taus):
