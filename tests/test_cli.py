@@ -1,11 +1,13 @@
 """The ``ebound`` command line: every command, and every error path with its message."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from sklearn_ebound.cli import main
+from sklearn_ebound.cli import CLIError, build_parser, main
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 
 
@@ -152,3 +154,39 @@ def test_help_fits_one_screen(capsys):
             main([command, "--help"])
         text = capsys.readouterr().out
         assert len(text.splitlines()) < 45
+
+
+def test_sweep_attention_option_and_its_kind_alias(tmp_path, capsys):
+    parse = build_parser().parse_args
+    assert parse(["sweep"]).attention == "static"
+    assert parse(["sweep", "--attention", "softmax"]).attention == "softmax"
+    assert parse(["sweep", "--kind", "linear"]).attention == "linear"
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    assert "--attention" in capsys.readouterr().out
+    assert main(["sweep", "--kind", "static", "--n-samples", "300", "--n-features", "4",
+                 "--out", str(tmp_path)]) == 0
+    assert "Rank sweep on a planted static task of rank 3" in capsys.readouterr().out
+
+
+def test_cli_error_is_a_value_error():
+    # Code calling a command function directly catches user errors as ValueError.
+    assert issubclass(CLIError, ValueError)
+
+
+def test_help_imports_no_heavy_dependency():
+    # Every command module is imported to build the parser; torch, matplotlib and
+    # transformers wait until a command runs.
+    code = ("import sys; from sklearn_ebound.cli import build_parser; "
+            "build_parser().format_help(); "
+            "print(sorted({'torch', 'matplotlib', 'transformers'} & set(sys.modules)))")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True)
+    assert completed.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["sklearn_ebound", "sklearn_ebound.cli"])
+def test_python_dash_m_runs_the_cli(module):
+    completed = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                               text=True)
+    assert completed.returncode == 0 and "usage: ebound" in completed.stdout

@@ -6,17 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from sklearn_ebound.cli import main
-from sklearn_ebound.heads._cli import heads_command
+from sklearn_ebound.cli import CLIError, build_parser, main
+from sklearn_ebound.cli._heads import heads_command
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _run(argv):
     """Run ``ebound`` with errors raised (as `main` turns them into one-line messages)."""
-    from sklearn_ebound.cli import _parser
-
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     assert args.run is heads_command
     return args.run(args)
 
@@ -57,6 +55,18 @@ def test_heads_errors(tiny_gpt2, tmp_path):
               "--out", str(tmp_path / "o")])
     with pytest.raises(SystemExit):
         _run(["heads", str(tiny_gpt2), "--head", "three"])
+
+
+def test_heads_user_errors_are_cli_errors(tiny_gpt2, tmp_path):
+    # The same CLIError as every other command, so `main` prints it as one line.
+    with pytest.raises(CLIError, match="config.json"):
+        _run(["heads", str(tmp_path), "--out", str(tmp_path / "o")])
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    with pytest.raises(CLIError, match="no non-empty line"):
+        _run(["heads", str(tiny_gpt2), "--text", str(tmp_path / "empty.txt"),
+              "--out", str(tmp_path / "o")])
+    with pytest.raises(CLIError, match="--max-length must be positive"):
+        _run(["heads", str(tiny_gpt2), "--max-length", "0", "--out", str(tmp_path / "o")])
 
 
 def test_heads_errors_are_one_line_through_main(tmp_path, capsys):

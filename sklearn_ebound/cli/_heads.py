@@ -5,16 +5,16 @@ per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layer
 map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
 """
 
-import json
+import argparse
 from pathlib import Path
+
+from ._core import CLIError, add_common_options, emit, out_dir, pyplot, save_figure, write_table
 
 __all__ = ["add_heads_parser", "heads_command"]
 
 
 def _layer_head(text):
     """``"LAYER.HEAD"`` to a pair of non-negative ints (an argparse type)."""
-    import argparse
-
     try:
         layer, head = (int(part) for part in text.split("."))
     except ValueError:
@@ -25,11 +25,9 @@ def _layer_head(text):
     return layer, head
 
 
-def add_heads_parser(subparsers):
+def add_heads_parser(commands):
     """Add the ``heads`` command to the ``ebound`` sub-command parsers; returns its parser."""
-    from ..cli import _common
-
-    parser = subparsers.add_parser(
+    parser = commands.add_parser(
         "heads", help="attention-native rank of every head of a pretrained transformer",
         description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
                     "saved in MODEL_DIR (config and weights, loaded offline): energy ranks at "
@@ -42,7 +40,7 @@ def add_heads_parser(subparsers):
                         help="LAYER.HEAD whose spectra are plotted (default 0.0)")
     parser.add_argument("--max-length", type=int, default=128,
                         help="tokens per line at most (default 128)")
-    _common(parser, json_only=True)
+    add_common_options(parser, json_only=True)
     parser.set_defaults(run=heads_command)
     return parser
 
@@ -51,60 +49,52 @@ def _read_text(path):
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the text file ({exc})") from None
+        raise CLIError(f"{path}: cannot read the text file ({exc})") from None
     texts = [line.strip() for line in lines if line.strip()]
     if not texts:
-        raise ValueError(f"{path}: the text file has no non-empty line")
+        raise CLIError(f"{path}: the text file has no non-empty line")
     return texts
 
 
 def _save_pngs(result, out, layer, head):
     """Heat maps of every rank column and the spectra of one head; [] without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return []
+    from ..display import HeadRankDisplay, HeadSpectrumDisplay
+
     paths = []
-    ranks = [c for c in result.columns if c not in ("layer", "head", "kv_head")]
-    for column in ranks:
+    for column in [c for c in result.columns if c not in ("layer", "head", "kv_head")]:
         fig, ax = plt.subplots(figsize=(1.2 + 0.45 * result.n_heads, 1.2 + 0.4 * result.n_layers))
-        result.plot_heatmap(column, ax=ax)
-        paths.append(out / f"heatmap_{column}.png")
-        fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
-        plt.close(fig)
-    fig, ax = plt.subplots()
-    result.plot_spectrum(layer, head, ax=ax)
-    paths.append(out / f"spectrum_layer{layer}_head{head}.png")
-    fig.savefig(paths[-1], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+        HeadRankDisplay.from_result(result, column, ax=ax)
+        paths.append(save_figure(fig, out / f"heatmap_{column}.png", dpi=100))
+    display = HeadSpectrumDisplay.from_result(result, layer, head)
+    paths.append(save_figure(display.figure_, out / f"spectrum_layer{layer}_head{head}.png",
+                             dpi=100))
     return paths
 
 
 def heads_command(args):
     """Run ``ebound heads`` on parsed arguments; returns the exit code."""
-    from ._ranks import head_ranks
+    from ..heads import head_ranks
 
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").is_file():
-        raise ValueError(f"{args.model_dir}: not a directory with a Hugging Face config.json")
+        raise CLIError(f"{args.model_dir}: not a directory with a Hugging Face config.json")
     texts = _read_text(args.text) if args.text else None
     if args.max_length < 1:
-        raise ValueError(f"--max-length must be positive. Got {args.max_length}.")
+        raise CLIError(f"--max-length must be positive. Got {args.max_length}.")
     result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
     layer, head = args.head
     row = next((r for r in result.rows if r["layer"] == layer and r["head"] == head), None)
     if row is None:
-        raise ValueError(f"--head {layer}.{head} is outside the model's {result.n_layers} "
-                         f"layers x {result.n_heads} heads")
+        raise CLIError(f"--head {layer}.{head} is outside the model's {result.n_layers} "
+                       f"layers x {result.n_heads} heads")
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result.to_json(out / "heads.json")
-    result.to_csv(out / "heads.csv")
+    out = out_dir(args)
+    tables = write_table(result, out, "heads")
     pngs = _save_pngs(result, out, layer, head)
+    written = tables + pngs
     summary = result.summary(0.9)
 
     lines = [f"{model_dir.name}: {result.naming}-style attention, {result.n_layers} layers x "
@@ -119,10 +109,9 @@ def heads_command(args):
     lines.append(f"Head {layer}.{head}: " + ", ".join(
         f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
         for k, v in row.items() if k not in ("layer", "head")))
-    written = [out / "heads.json", out / "heads.csv", *pngs]
     lines.append(f"Wrote {len(written)} files to {out}"
                  + ("" if pngs else " (install matplotlib for the PNGs)"))
     payload = {"summary": summary.to_dict(), "result": result.to_dict(),
                "files": [str(p) for p in written]}
-    print(json.dumps(payload, indent=2) if args.json else "\n".join(lines))
+    emit(args, payload, "\n".join(lines))
     return 0

@@ -1,0 +1,15 @@
+"""The ``ebound`` command line: the Entropic Bound on a planted task or on your own data.
+
+Every command prints a human-readable report, or one JSON document with ``--json``; files go
+to ``--out`` only. Errors end with a one-line message and a non-zero exit code.
+
+The commands live one module per command (or group): ``_demo``, ``_estimate``,
+``_experiments`` (sweep, ladder, frontier) and ``_heads``, on the shared ``_core``. Each
+imports torch, matplotlib or transformers only when it runs, so that ``ebound --help`` is
+fast.
+"""
+
+from ._core import CLIError
+from ._main import build_parser, main
+
+__all__ = ["main", "build_parser", "CLIError"]
