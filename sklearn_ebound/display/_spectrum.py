@@ -3,7 +3,8 @@
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from .._spectrum import energy_rank, entropy_rank, optimal_hard_threshold
+from .._null_edges import optimal_hard_threshold
+from .._spectrum import energy_rank, entropy_rank
 from ._matplotlib import import_pyplot, new_axes
 
 __all__ = ["SpectrumDisplay"]

@@ -140,7 +140,9 @@ class HeadRankResult(ResultTable):
     One row per (layer, head). Metadata (also attributes): ``naming``, ``n_layers``,
     ``n_heads``, ``n_kv_heads``, ``head_dim``, ``d_model``, ``rotary``, ``bias``, ``taus``,
     ``kernel_spectra`` (``n_layers x n_heads x d_h``), and with inputs ``field_spectra``,
-    ``n_sequences``, ``n_tokens``.
+    ``n_sequences``, ``n_tokens``. :class:`~sklearn_ebound.display.HeadRankDisplay` draws a
+    rank column as a heat map, :class:`~sklearn_ebound.display.HeadSpectrumDisplay` the
+    spectra of one head.
     """
 
     def grid(self, column):
