@@ -34,7 +34,6 @@ from ._rank_rules import (
 )
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
-    check_criterion,
     choose_statistics,
     criteria_table,
     new_statistics,
@@ -115,25 +114,21 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           descriptor, not noise-adaptive.
 
         For attention, ``"threshold"`` is the Gavish–Donoho threshold of the noise-whitened
-        kernel (value map known) or the sequential test above on the per-token operator
-        (unknown). Where the model is only approximate (softmax, or an unknown value map at
-        finite ``n``) its error is a systematic, signal-proportional term rather than noise,
-        so of the directions that pass the threshold only those holding a fraction ``tau`` of
-        their energy count (their energy rank).
+        kernel (value map known) or the sequential test on the per-token operator (unknown).
+        Where the model is approximate (softmax, or an unknown value map at finite ``n``) its
+        error is systematic, so of the directions that pass only those holding a fraction
+        ``tau`` of their energy count.
 
         Which criteria can read which statistics (an error names the others):
 
 {criteria_table}
 
     significance : float, default=1e-3
-        Significance level (false-positive rate) of each sequential test of
-        ``criterion="threshold"``, in ``[1e-12, 0.5)``: noise alone passes a test's edge with this
-        probability (the edges are the ``1 - significance`` quantiles). With correlated residuals
-        the two tests' union has a rate of at most ``2 * significance``. Smaller values guard
-        better against reading noise as rank, larger ones find weaker directions
-        (``benchmarks/bench_recovery_accuracy.py`` measures both, at 0.01, 0.001 and 0.0001).
-        The Gavish–Donoho thresholds (no residual degrees of freedom, no ``y``, attention with a
-        known value map) have no level and ignore it.
+        False-positive rate of each sequential test of ``criterion="threshold"``, in
+        ``[1e-12, 0.5)`` (with correlated residuals the two tests' union has at most twice it).
+        Smaller values guard better against reading noise as rank, larger ones find weaker
+        directions (``benchmarks/bench_recovery_accuracy.py`` measures both). The Gavish–Donoho
+        thresholds (no residual degrees of freedom, no ``y``, a known value map) ignore it.
     tau : float, default=0.99
         Energy fraction for ``criterion="energy"``, in ``(0, 1]``.
     cv : int, cross-validation generator or iterable, default=5
@@ -245,11 +240,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     def partial_fit(self, X, y=None):
         """Add a chunk of data and re-read the rank from everything seen so far.
 
-        The accumulated second moments equal those of one :meth:`fit` on all the chunks, so
-        the result is the same (to rounding) with memory independent of the number of samples.
-        Chunks of any size work, a single row or sequence included: until the chunks hold
-        enough samples to read a rank (two, or more for ``criterion="rsc"``), ``rank_`` is not
-        set. ``criterion="cv"`` needs all the data at once and is not available.
+        The accumulated moments equal those of one :meth:`fit` on all the chunks (to rounding),
+        in memory independent of the number of samples. Chunks of any size work; until they hold
+        enough samples to read a rank (two, more for ``criterion="rsc"``), ``rank_`` is not set.
+        ``criterion="cv"`` needs all the data at once and is not available.
 
         Parameters
         ----------
@@ -267,9 +261,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             raise ValueError(f"{CV_NEEDS_ALL_DATA}; use fit, or another criterion with "
                              "partial_fit.")
         self._accumulate(X, y, min_samples=1)
-        statistics = self._statistics
-        self.n_samples_seen_ = (statistics.n_sequences if self._fit_mode == "kernel"
-                                else statistics.n)
+        stats = self._statistics
+        self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
         try:
             return self._read()
         except NotEnoughData:
@@ -288,10 +281,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """
         check_is_fitted(self)
         if self._sequences:
-            X = check_sequences(X, "X", dtype=[np.float64, np.float32])
-            if X.shape[2] != self.n_features_in_:
-                raise ValueError(f"X has {X.shape[2]} features per token, but "
-                                 f"{type(self).__name__} is expecting {self.n_features_in_}.")
+            X = check_sequences(X, "X", [np.float64, np.float32], self.n_features_in_, self)
         else:
             X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
         return (X - self.mean_) @ self.components_.T
@@ -304,28 +294,25 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _accumulate(self, X, y, min_samples):
         first = self._statistics is None
-        mode = self._choose_statistics(X, y) if first else self._fit_mode
-        if not first and (y is None) != (mode == "inputs"):
-            raise ValueError("Every chunk must come with targets `y`, or none of them.")
-        if mode in ("inputs", "static"):
-            X2, Y2 = self._validate_2d(X, y, first, min_samples)
-        else:
-            X2, Y2 = self._validate_sequences(X, y, first)
         if first:
-            self._fit_mode = mode
-            self._statistics, self._scales = self._new_statistics(X2, Y2)
-        self._statistics.update(*statistic_rows(mode, X2, Y2, self.attention))
+            self._fit_mode = self._choose_statistics(X, y)
+        elif (y is None) != (self._fit_mode == "inputs"):
+            raise ValueError("Every chunk must come with targets `y`, or none of them.")
+        X2, Y2 = self._validate_chunk(X, y, first, min_samples)
+        if first:
+            self._statistics, self._scales = new_statistics(
+                self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept)
+        self._statistics.update(*statistic_rows(self._fit_mode, X2, Y2, self.attention))
 
     def _choose_statistics(self, X, y):
         for name in _OPTIONAL_ATTRIBUTES:
             self.__dict__.pop(name, None)
-        mode = choose_statistics(X, y, self.operator, self.value)
-        check_criterion(mode, self.criterion)
-        return mode
+        return choose_statistics(X, y, self.operator, self.value, self.criterion)
 
-    def _new_statistics(self, X, Y):
-        return new_statistics(self._fit_mode, X, Y, attention=self.attention, value=self.value,
-                              center=self.fit_intercept)
+    def _validate_chunk(self, X, y, reset, min_samples=1):
+        if self._fit_mode in ("inputs", "static"):
+            return self._validate_2d(X, y, reset, min_samples)
+        return self._validate_sequences(X, y, reset)
 
     def _validate_2d(self, X, y, reset, min_samples):
         self._sequences = False
@@ -354,23 +341,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _accumulate_dask(self, X, y):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
-        mode = self._choose_statistics(X, y)
-        sequences = mode not in ("inputs", "static")
+        self._fit_mode = mode = self._choose_statistics(X, y)
         blocks_x, blocks_y = dask_sample_blocks(X, y)
         # Validate and size from the first block, then reduce every block on the cluster.
         first_x = blocks_x[0].compute() if hasattr(blocks_x[0], "compute") else blocks_x[0]
         first_y = None if y is None else blocks_y[0].compute()
-        X0, Y0 = (self._validate_sequences(first_x, first_y, True) if sequences
-                  else self._validate_2d(first_x, first_y, True, 1))
-        self._fit_mode = mode
-        template, self._scales = self._new_statistics(X0, Y0)
+        template, self._scales = new_statistics(
+            mode, *self._validate_chunk(first_x, first_y, True), self.attention, self.value,
+            self.fit_intercept)
         attention = self.attention
 
         def block_statistics(xb, yb):
-            xb, yb = (self._validate_sequences(xb, yb, False) if sequences
-                      else self._validate_2d(xb, yb, False, 1))
-            statistics = copy.deepcopy(template)
-            return statistics.update(*statistic_rows(mode, xb, yb, attention))
+            xb, yb = self._validate_chunk(xb, yb, False)
+            return copy.deepcopy(template).update(*statistic_rows(mode, xb, yb, attention))
 
         self._statistics = reduce_blocks(block_statistics, blocks_x, blocks_y)
         if X.shape[0] < 2:
@@ -378,8 +361,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                              "required.")
 
     def _cv_data(self, X, y):
+        # criterion="cv" reads 2-D data only (the table): the rows are the samples.
         X2, Y2 = self._validate_2d(X, y, reset=False, min_samples=2)
-        X2, Y2 = statistic_rows(self._fit_mode, X2, Y2, self.attention)
         return X2 / self._scales[0], Y2 / self._scales[1]
 
     # --- reading the rank --------------------------------------------------------------------
@@ -421,14 +404,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             if mode == "per_token":
                 caveats.append(short_sequence_caveat(self._sequence_shape[0], self.tau))
         self._set_fitted_attributes(reading, s, components[: reading.rank], mean, kernel)
-        for caveat in filter(None, caveats):
+        for caveat in filter(None, [*caveats, self._overflow_caveat()]):
             warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
-        return self._warn_if_not_finite()
+        return self
 
     def _set_fitted_attributes(self, reading, s, components, mean, kernel):
         """Every fitted attribute, in the units of the data (the rank does not change)."""
-        scales = self._scales
-        sy = scales[1]
+        scales, sy = self._scales, self._scales[1]
         with np.errstate(over="ignore", invalid="ignore"):
             self.rank_ = int(reading.rank)
             self.singular_values_ = _in_data_units(reading.singular_values, reading.unit, scales)
@@ -450,15 +432,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.explained_energy_ = energy / total if total > 0 else np.zeros_like(energy)
         self.components_ = components
 
-    def _warn_if_not_finite(self):
+    def _overflow_caveat(self):
         values = [self.singular_values_, self.mean_, self.threshold_, self.noise_variance_,
                   getattr(self, "qk_kernel_", None)]
         if not all(np.all(np.isfinite(v)) for v in values if v is not None):
-            warnings.warn(
-                "Some fitted values (spectrum, noise variance or means) exceed the float64 range "
-                "in the units of the data and are infinite; the rank itself was read on scaled "
-                "data and is unaffected.", RankEstimationWarning, stacklevel=4)
-        return self
+            return ("Some fitted values (spectrum, noise variance or means) exceed the float64 "
+                    "range in the units of the data and are infinite; the rank itself was read on "
+                    "scaled data and is unaffected.")
+        return None
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

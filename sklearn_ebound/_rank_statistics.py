@@ -88,8 +88,15 @@ def _n_dims(X):
     return len(shape) if shape is not None else np.asarray(X).ndim
 
 
-def choose_statistics(X, Y, operator, value):
-    """The name of the statistics that ``X``, ``Y`` and the settings feed."""
+def choose_statistics(X, Y, operator, value, criterion):
+    """The name of the statistics that ``X``, ``Y`` and the settings feed; a ValueError where
+    ``criterion`` cannot read them."""
+    name = _statistics_name(X, Y, operator, value)
+    check_criterion(name, criterion)
+    return name
+
+
+def _statistics_name(X, Y, operator, value):
     for name, array in (("X", X), ("Y", Y)):
         if array is not None and _n_dims(array) > 3:
             raise ValueError(
@@ -131,7 +138,7 @@ def value_map(value, n_features, n_targets):
     return V
 
 
-def new_statistics(name, X, Y, *, attention, value, center):
+def new_statistics(name, X, Y, attention, value, center):
     """Empty statistics ``name`` for data shaped like the first chunk, and their scales.
 
     The data enter divided by the powers of two of the first chunk (exact), so that the

@@ -12,8 +12,9 @@ __all__ = [
 ]
 
 
-def check_sequences(array, name, dtype=np.float64):
-    """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError."""
+def check_sequences(array, name, dtype=np.float64, expected_channels=None, estimator=None):
+    """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError; with
+    ``expected_channels``, also the channel count that ``estimator`` was fitted with."""
     array = check_array(
         array, dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
     )
@@ -25,6 +26,9 @@ def check_sequences(array, name, dtype=np.float64):
         )
     if min(array.shape) == 0:
         raise ValueError(f"`{name}` must not have an empty axis. Got shape {array.shape}.")
+    if expected_channels is not None and array.shape[2] != expected_channels:
+        raise ValueError(f"{name} has {array.shape[2]} features per token, but "
+                         f"{type(estimator).__name__} is expecting {expected_channels}.")
     return array
 
 
