@@ -6,9 +6,9 @@ the torch estimators in :mod:`sklearn_ebound.nn` are loaded on first use.
 
 from ._deficiency import excess_risk_curve
 from ._intrinsic_rank import IntrinsicRankEstimator
+from ._null_edges import optimal_hard_threshold
 from ._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV, rank_path_scores
 from ._scoring import get_sequence_scorer, get_sequence_scorer_names, make_sequence_scorer
-from ._null_edges import optimal_hard_threshold
 from ._spectrum import energy_rank, entropy_rank, stable_rank, tail_energy, threshold_rank
 
 __version__ = "0.1.0"
