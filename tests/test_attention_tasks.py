@@ -10,28 +10,28 @@ from sklearn_ebound.datasets import make_attention_task, make_static_mixing_task
 
 
 @pytest.mark.parametrize("make", [make_attention_task, make_static_mixing_task])
-@pytest.mark.parametrize("kind", ["linear", "softmax"])
-def test_shapes_and_params(make, kind):
-    X, Y, params = make(kind, 30, 7, 5, rank=2, random_state=0, return_params=True)
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_shapes_and_params(make, attention):
+    X, Y, params = make(attention, 30, 7, 5, rank=2, random_state=0, return_params=True)
     assert X.shape == (30, 7, 5) and Y.shape == (30, 7, 5)
-    assert params.rank == 2 and params.kind == kind
+    assert params.rank == 2 and params.attention == attention
     assert params.noise_floor == pytest.approx(0.1**2 * 5)
-    X2, Y2 = make(kind, 30, 7, 5, rank=2, random_state=0)
+    X2, Y2 = make(attention, 30, 7, 5, rank=2, random_state=0)
     np.testing.assert_array_equal(X, X2)
     np.testing.assert_array_equal(Y, Y2)
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    kind=st.sampled_from(["linear", "softmax"]),
+    attention=st.sampled_from(["linear", "softmax"]),
     n_features=st.integers(1, 7),
     data=st.data(),
     seed=st.integers(0, 2**16),
 )
-def test_attention_kernel_has_planted_rank(kind, n_features, data, seed):
+def test_attention_kernel_has_planted_rank(attention, n_features, data, seed):
     rank = data.draw(st.integers(0, n_features))
     _, _, p = make_attention_task(
-        kind, 3, 4, n_features, rank=rank, random_state=seed, return_params=True
+        attention, 3, 4, n_features, rank=rank, random_state=seed, return_params=True
     )
     assert p.W_Q.shape == p.W_K.shape == (n_features, rank)
     np.testing.assert_allclose(p.W, p.W_Q @ p.W_K.T)
@@ -63,24 +63,24 @@ def test_static_mixing_has_planted_rank(n_tokens, data, seed):
     np.testing.assert_allclose(centred, expected, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["linear", "softmax"])
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
 @pytest.mark.parametrize("value", ["identity", "random"])
-def test_attention_targets_follow_the_model(kind, value):
+def test_attention_targets_follow_the_model(attention, value):
     beta, n, d = 1.7, 6, 4
     X, Y, p = make_attention_task(
-        kind, 20, n, d, rank=2, logit_scale=beta, value=value, noise=0.0, random_state=1,
+        attention, 20, n, d, rank=2, logit_scale=beta, value=value, noise=0.0, random_state=1,
         return_params=True,
     )
     for Xs, Ys in zip(X, Y, strict=True):
         logits = Xs @ p.W @ Xs.T
-        A = logits / n if kind == "linear" else softmax(beta * logits / np.sqrt(d), axis=1)
+        A = logits / n if attention == "linear" else softmax(beta * logits / np.sqrt(d), axis=1)
         np.testing.assert_allclose(Ys, A @ Xs @ p.V.T, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["linear", "softmax"])
-def test_static_targets_follow_the_model(kind):
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_static_targets_follow_the_model(attention):
     X, Y, p = make_static_mixing_task(
-        kind, 20, 6, 3, rank=2, noise=0.0, random_state=1, return_params=True
+        attention, 20, 6, 3, rank=2, noise=0.0, random_state=1, return_params=True
     )
     np.testing.assert_allclose(Y, p.mixing @ X @ p.V.T, atol=1e-12)
 
@@ -119,7 +119,7 @@ def test_value_maps():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(kind="relu"), "`kind` must be 'linear' or 'softmax'"),
+        (dict(attention="relu"), "`attention` must be 'linear' or 'softmax'"),
         (dict(rank=6), "rank == 6, must be <= 5"),
         (dict(n_tokens=0), "n_tokens == 0, must be >= 1"),
         (dict(noise=-1.0), "noise == -1.0, must be >= 0"),
@@ -131,7 +131,7 @@ def test_value_maps():
     ],
 )
 def test_attention_task_errors(kwargs, match):
-    params = dict(kind="linear", n_samples=4, n_tokens=3, n_features=5, rank=2) | kwargs
+    params = dict(attention="linear", n_samples=4, n_tokens=3, n_features=5, rank=2) | kwargs
     with pytest.raises(ValueError, match=match):
         make_attention_task(**params)
 
@@ -141,3 +141,19 @@ def test_static_mixing_errors():
         make_static_mixing_task("linear", 4, 6, 2, rank=7)
     with pytest.raises(ValueError, match="rank == 0, must be >= 1"):
         make_static_mixing_task("softmax", 4, 6, 2, rank=0)
+
+
+@pytest.mark.parametrize("make", [make_attention_task, make_static_mixing_task])
+def test_deprecated_kind_keyword_and_params_key(make):
+    # `kind=` and the params key `kind` are kept for one release, each with a FutureWarning.
+    with pytest.warns(FutureWarning, match="`kind` was renamed `attention`"):
+        X, Y, params = make(kind="softmax", n_samples=5, n_tokens=4, n_features=3,
+                            random_state=0, return_params=True)
+    X2, Y2 = make("softmax", 5, 4, 3, random_state=0)
+    np.testing.assert_array_equal(Y, Y2)
+    assert params.attention == "softmax"
+    with pytest.warns(FutureWarning, match="The key `kind` was renamed `attention`"):
+        assert params.kind == "softmax"
+    with pytest.raises(ValueError, match="`attention` must be 'linear' or 'softmax'"):
+        with pytest.warns(FutureWarning):
+            make(kind="relu")

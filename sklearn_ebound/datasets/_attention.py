@@ -10,22 +10,50 @@ operator that mixes the tokens:
   matrix ``L`` mixed through a softmax (rung 2), has rank ``r*``.
 """
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import softmax
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
-from ._static import padded_spectrum, planted_singular_values, random_orthonormal
+from .._random import random_orthonormal
+from ._static import padded_spectrum, planted_singular_values
 
 __all__ = ["make_attention_task", "make_static_mixing_task"]
 
 _VALUE_MAPS = ("identity", "random", "low_rank")
 
 
-def _check_kind(kind):
-    if kind not in ("linear", "softmax"):
-        raise ValueError(f"`kind` must be 'linear' or 'softmax'. Got {kind!r} instead.")
+def _check_attention(attention, kind, what):
+    """The attention class, read from the deprecated ``kind`` when that is given."""
+    if kind is not None:
+        warnings.warn(
+            "`kind` was renamed `attention` (the estimators' word for it); `kind` will be "
+            "removed in the next release.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        attention = kind
+    if attention not in ("linear", "softmax"):
+        raise ValueError(
+            f"`attention` must be 'linear' or 'softmax', the kind of {what}. Got {attention!r} "
+            "instead."
+        )
+    return attention
+
+
+def _params_bunch(**params):
+    """The ground truth; the deprecated key ``kind`` still reads ``attention``, with a warning."""
+    bunch = Bunch(**params)
+    bunch._set_deprecated(
+        params["attention"],
+        new_key="attention",
+        deprecated_key="kind",
+        warning_message="The key `kind` was renamed `attention`; `kind` will be removed in the "
+        "next release.",
+    )
+    return bunch
 
 
 def _check_sizes(n_samples, n_tokens, n_features):
@@ -75,7 +103,7 @@ def _value_map(value, n_features, n_targets, hidden, rng):
 
 
 def make_attention_task(
-    kind="linear",
+    attention="linear",
     n_samples=1000,
     n_tokens=16,
     n_features=8,
@@ -90,6 +118,7 @@ def make_attention_task(
     vocabulary_size=None,
     random_state=None,
     return_params=False,
+    kind=None,
 ):
     """Generate sequences mixed by one attention layer with a planted query-key rank.
 
@@ -105,7 +134,7 @@ def make_attention_task(
 
     Parameters
     ----------
-    kind : {"linear", "softmax"}, default="linear"
+    attention : {"linear", "softmax"}, default="linear"
         The attention class.
     n_samples : int, default=1000
         Number of sequences ``N``.
@@ -144,6 +173,9 @@ def make_attention_task(
         Seed of the draw.
     return_params : bool, default=False
         Also return a :class:`~sklearn.utils.Bunch` with the ground truth.
+    kind : {"linear", "softmax"}, default=None
+        Deprecated spelling of ``attention``, kept for one release: when given, it replaces
+        ``attention``, with a ``FutureWarning``.
 
     Returns
     -------
@@ -152,7 +184,7 @@ def make_attention_task(
     params : Bunch, only when ``return_params=True``
         ``vocabulary`` (the embeddings, or ``None``), ``W_Q``, ``W_K`` (``d x r``), ``W``
         (``d x d``), ``V`` (``d_out x d``),
-        ``singular_values`` (of ``W``, length ``d``), ``rank``, ``kind``, ``logit_scale``,
+        ``singular_values`` (of ``W``, length ``d``), ``rank``, ``attention``, ``logit_scale``,
         ``noise``, and ``noise_floor = noise^2 * d_out``: the population risk of the true
         model per token, ``E ||y_i - f(X)_i||^2`` summed over the output channels (the mean
         squared error over all entries times ``d_out``).
@@ -169,7 +201,7 @@ def make_attention_task(
     >>> X.shape, Y.shape, params.rank, params.W.shape
     ((200, 12, 6), (200, 12, 6), 2, (6, 6))
     """
-    _check_kind(kind)
+    attention = _check_attention(attention, kind, "attention")
     _check_sizes(n_samples, n_tokens, n_features)
     check_scalar(rank, "rank", Integral, min_val=0, max_val=n_features)
     check_scalar(logit_scale, "logit_scale", Real, min_val=0)
@@ -194,14 +226,14 @@ def make_attention_task(
         X = vocabulary[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
     # logits[s, i, j] = x_i^T W x_j
     logits = X @ W @ X.transpose(0, 2, 1)
-    if kind == "linear":
+    if attention == "linear":
         mixing = logits / n_tokens
     else:
         mixing = softmax(logit_scale * logits / np.sqrt(n_features), axis=-1)
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if not return_params:
         return X, Y
-    params = Bunch(
+    params = _params_bunch(
         vocabulary=vocabulary,
         W_Q=W_Q,
         W_K=W_K,
@@ -209,7 +241,7 @@ def make_attention_task(
         V=V,
         singular_values=padded_spectrum(s, n_features),
         rank=rank,
-        kind=kind,
+        attention=attention,
         logit_scale=logit_scale,
         noise=noise,
         noise_floor=noise**2 * n_targets,
@@ -218,7 +250,7 @@ def make_attention_task(
 
 
 def make_static_mixing_task(
-    kind="linear",
+    attention="linear",
     n_samples=1000,
     n_tokens=16,
     n_features=8,
@@ -232,15 +264,16 @@ def make_static_mixing_task(
     noise=0.1,
     random_state=None,
     return_params=False,
+    kind=None,
 ):
     """Generate sequences mixed by a fixed token-mixing matrix with a planted rank.
 
     With standard normal tokens ``X_s`` (``n_tokens x n_features``), each target sequence is
     ``Y_s = A X_s V^T + E_s`` with the same mixing matrix ``A`` (``n x n``) for every sequence:
 
-    * ``kind="linear"`` (ladder rungs 0 and 1): ``A = M = U S R^T`` of rank ``r* = rank``, its
+    * ``attention="linear"`` (ladder rungs 0 and 1): ``A = M = U S R^T`` of rank ``r* = rank``, its
       singular values ``S`` as planted;
-    * ``kind="softmax"`` (rung 2): ``A = softmax(beta * L)`` row-wise, with the logit matrix
+    * ``attention="softmax"`` (rung 2): ``A = softmax(beta * L)`` row-wise, with the logit matrix
       ``L = c U S R^T`` of rank ``r*``; ``c = n / ||s||_2`` normalises the logits to unit
       root-mean-square entry (``||L||_F = n``), so ``beta = logit_scale`` is the logit size.
       ``A`` itself has full rank; the rank lives in ``L``, and row-centring ``log A`` gives
@@ -248,7 +281,7 @@ def make_static_mixing_task(
 
     Parameters
     ----------
-    kind : {"linear", "softmax"}, default="linear"
+    attention : {"linear", "softmax"}, default="linear"
         Linear mixing by ``M`` or softmax mixing of the logits ``L``.
     n_samples : int, default=1000
         Number of sequences ``N``.
@@ -262,7 +295,7 @@ def make_static_mixing_task(
     rank : int, default=2
         The planted rank ``r*``, ``0 <= rank <= n_tokens`` (``rank >= 1`` for softmax).
     logit_scale : float, default=1.0
-        ``beta`` of the softmax mixing; ignored when ``kind="linear"``.
+        ``beta`` of the softmax mixing; ignored when ``attention="linear"``.
     value : {"identity", "random", "low_rank"} or array-like of shape (n_targets, n_features), \
             default="identity"
         The value map ``V``, as in :func:`make_attention_task` (``"low_rank"`` annihilates a
@@ -277,6 +310,9 @@ def make_static_mixing_task(
         Seed of the draw.
     return_params : bool, default=False
         Also return a :class:`~sklearn.utils.Bunch` with the ground truth.
+    kind : {"linear", "softmax"}, default=None
+        Deprecated spelling of ``attention``, kept for one release: when given, it replaces
+        ``attention``, with a ``FutureWarning``.
 
     Returns
     -------
@@ -284,7 +320,7 @@ def make_static_mixing_task(
     Y : ndarray of shape (n_samples, n_tokens, n_targets)
     params : Bunch, only when ``return_params=True``
         ``mixing`` (``A``, ``n x n``), ``logits`` (``L`` for softmax, ``None`` for linear),
-        ``V``, ``singular_values`` (of ``M`` or ``L``, length ``n``), ``rank``, ``kind``,
+        ``V``, ``singular_values`` (of ``M`` or ``L``, length ``n``), ``rank``, ``attention``,
         ``logit_scale``, ``noise`` and ``noise_floor = noise^2 * d_out`` (per token, summed over
         output channels, as in :func:`make_attention_task`).
 
@@ -301,9 +337,10 @@ def make_static_mixing_task(
     >>> Y.shape, int(np.linalg.matrix_rank(params.logits))
     ((100, 10, 4), 3)
     """
-    _check_kind(kind)
+    attention = _check_attention(attention, kind, "token mixing")
     _check_sizes(n_samples, n_tokens, n_features)
-    check_scalar(rank, "rank", Integral, min_val=1 if kind == "softmax" else 0, max_val=n_tokens)
+    check_scalar(rank, "rank", Integral, min_val=1 if attention == "softmax" else 0,
+                 max_val=n_tokens)
     check_scalar(logit_scale, "logit_scale", Real, min_val=0)
     check_scalar(noise, "noise", Real, min_val=0)
     rng = check_random_state(random_state)
@@ -314,7 +351,7 @@ def make_static_mixing_task(
     hidden = random_orthonormal(n_features, 1, rng)[:, 0]
     V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
 
-    if kind == "linear":
+    if attention == "linear":
         logits = None
         mixing = (U * s) @ R.T
         full_s = padded_spectrum(s, n_tokens)
@@ -329,13 +366,13 @@ def make_static_mixing_task(
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if not return_params:
         return X, Y
-    params = Bunch(
+    params = _params_bunch(
         mixing=mixing,
         logits=logits,
         V=V,
         singular_values=full_s,
         rank=rank,
-        kind=kind,
+        attention=attention,
         logit_scale=logit_scale,
         noise=noise,
         noise_floor=noise**2 * n_targets,

@@ -4,8 +4,9 @@ from numbers import Integral, Real
 
 import numpy as np
 from scipy.linalg import sqrtm, toeplitz
-from scipy.stats import ortho_group
 from sklearn.utils import Bunch, check_random_state, check_scalar
+
+from .._random import random_orthonormal
 
 __all__ = ["make_static_task", "ar1_covariance"]
 
@@ -34,13 +35,6 @@ def padded_spectrum(s, length):
     full = np.zeros(length)
     full[: len(s)] = s
     return full
-
-
-def random_orthonormal(n, k, rng):
-    """An ``n x k`` matrix with orthonormal columns, drawn uniformly (Haar)."""
-    if n == 1:
-        return np.ones((1, 1))[:, :k]
-    return ortho_group.rvs(n, random_state=rng)[:, :k]
 
 
 def make_static_task(

@@ -7,9 +7,9 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._intrinsic_rank import IntrinsicRankEstimator
+from .._random import random_orthonormal
 from .._results import ResultTable
 from ..datasets import make_attention_task
-from ..datasets._static import random_orthonormal
 from ..exceptions import RankEstimationWarning
 
 __all__ = ["predictability_frontier", "FrontierResult", "conditioned_value_map"]
@@ -77,27 +77,27 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
     cells = []
     grid = itertools.product(attention, value_known, vocabulary_sizes, n_tokens,
                              value_conditions, noises)
-    for kind, known, vocab, n, cond, noise in grid:
-        for beta in (logit_scales if kind == "softmax" else [None]):
-            cells.append((kind, known, vocab, beta, n, cond, noise))
+    for attention, known, vocab, n, cond, noise in grid:
+        for beta in (logit_scales if attention == "softmax" else [None]):
+            cells.append((attention, known, vocab, beta, n, cond, noise))
     rows = []
-    for done, (kind, known, vocab, beta, n, cond, noise) in enumerate(cells, start=1):
+    for done, (attention, known, vocab, beta, n, cond, noise) in enumerate(cells, start=1):
         estimates = []
         for _ in range(n_repeats):
             value = ("low_rank" if np.isinf(cond)
                      else conditioned_value_map(n_features, cond, rng))
-            X, Y, params = make_attention_task(kind, n_samples, n, n_features, rank=rank,
+            X, Y, params = make_attention_task(attention, n_samples, n, n_features, rank=rank,
                                                logit_scale=beta or 1.0, value=value,
                                                noise=noise, vocabulary_size=vocab,
                                                random_state=rng, return_params=True)
-            estimator = IntrinsicRankEstimator("attention", attention=kind,
+            estimator = IntrinsicRankEstimator("attention", attention=attention,
                                                value=params.V if known else None)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RankEstimationWarning)
                 estimates.append(estimator.fit(X, Y).rank_)
         estimates = np.array(estimates)
         rows.append({
-            "attention": kind, "value_known": known, "vocabulary_size": vocab,
+            "attention": attention, "value_known": known, "vocabulary_size": vocab,
             "logit_scale": beta, "n_tokens": n,
             "value_condition": cond, "noise": noise,
             "recovery_rate": float(np.mean(estimates == rank)),

@@ -118,13 +118,13 @@ def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
         X, Y, params = make_static_mixing_task("softmax", **sizes, logit_scale=beta,
                                                random_state=rng, return_params=True)
         row(2, beta, X, Y, params, _log_mixing_rank(X, Y, tau))
-    for kind, rung, betas in [("linear", 3, [None]), ("softmax", 4, logit_scales)]:
+    for attention, rung, betas in [("linear", 3, [None]), ("softmax", 4, logit_scales)]:
         for beta in betas:
-            X, Y, params = make_attention_task(kind, **sizes, logit_scale=beta or 1.0,
+            X, Y, params = make_attention_task(attention, **sizes, logit_scale=beta or 1.0,
                                                random_state=rng, return_params=True)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RankEstimationWarning)
-                native = IntrinsicRankEstimator("attention", attention=kind,
+                native = IntrinsicRankEstimator("attention", attention=attention,
                                                 value="identity").fit(X, Y)
             row(rung, beta, X, Y, params, IntrinsicRankEstimator().fit(X, Y).rank_,
                 native.rank_)

@@ -64,19 +64,20 @@ def recovery_experiment(*, attention=("linear", "softmax"), logit_scales=(0.5, 2
     from ..nn import LowRankAttentionRegressor  # torch is only needed here
 
     params = {**_TRAINING, **(training or {})}
-    runs = [(kind, beta, seed) for kind in attention
+    classes = attention  # below, `attention` is one of these classes
+    runs = [(attention, beta, seed) for attention in classes
             for beta, seed in itertools.product(
-                logit_scales if kind == "softmax" else [None], seeds)]
+                logit_scales if attention == "softmax" else [None], seeds)]
     rows = []
-    for done, (kind, beta, seed) in enumerate(runs, start=1):
-        X, Y = make_attention_task(kind, n_samples, n_tokens, n_features, rank=rank,
+    for done, (attention, beta, seed) in enumerate(runs, start=1):
+        X, Y = make_attention_task(attention, n_samples, n_tokens, n_features, rank=rank,
                                    logit_scale=beta or 1.0, value=value, noise=noise,
                                    random_state=check_random_state(seed))
-        net = LowRankAttentionRegressor(attention=kind, logit_scale=beta or 1.0,
+        net = LowRankAttentionRegressor(attention=attention, logit_scale=beta or 1.0,
                                         random_state=seed, device=device, **params).fit(X, Y)
         s = np.linalg.svd(net.qk_kernel_, compute_uv=False)
         rows.append({
-            "attention": kind, "logit_scale": beta, "seed": seed, "true_rank": rank,
+            "attention": attention, "logit_scale": beta, "seed": seed, "true_rank": rank,
             "energy_rank": energy_rank(s, tau), "entropy_rank": entropy_rank(s),
             "stable_rank": stable_rank(s), "recovered": energy_rank(s, tau) == rank,
             "singular_values": s,
