@@ -21,11 +21,11 @@ def _one_torch_thread():
     torch.set_num_threads(n_threads)
 
 
-def _reference_attention(X, W_Q, W_K, V, kind, beta):
+def _reference_attention(X, W_Q, W_K, V, attention, beta):
     """The textbook formulas, with an explicit n x n mixing matrix."""
     n, d = X.shape[-2:]
     logits = X @ W_Q @ W_K.T @ X.transpose(-2, -1)
-    if kind == "linear":
+    if attention == "linear":
         A = logits / n
     else:
         A = torch.softmax(beta * logits / math.sqrt(d), dim=-1)
@@ -34,15 +34,16 @@ def _reference_attention(X, W_Q, W_K, V, kind, beta):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    kind=st.sampled_from(["linear", "softmax"]),
-    value=st.sampled_from(["learned", "identity", "array"]),
+    attention=st.sampled_from(["linear", "softmax"]),
+    value=st.sampled_from([None, "identity", "array"]),
     n_tokens=st.integers(1, 9),
     n_features=st.integers(1, 6),
     data=st.data(),
     beta=st.floats(0.0, 4.0),
     seed=st.integers(0, 2**16),
 )
-def test_attention_forward_matches_formula(kind, value, n_tokens, n_features, data, beta, seed):
+def test_attention_forward_matches_formula(attention, value, n_tokens, n_features, data, beta,
+                                           seed):
     rank = data.draw(st.integers(0, n_features))
     torch.manual_seed(seed)
     n_targets = n_features if value != "array" else data.draw(st.integers(1, 4))
@@ -50,20 +51,20 @@ def test_attention_forward_matches_formula(kind, value, n_tokens, n_features, da
     module = LowRankAttention(
         n_features,
         rank=rank,
-        kind=kind,
+        attention=attention,
         value=V_fixed.numpy() if value == "array" else value,
         logit_scale=beta,
         init_scale=1.0,
     )
     X = torch.randn(3, n_tokens, n_features)
-    if value == "learned":
+    if value is None:
         V = module.value_map.weight
     elif value == "identity":
         V = torch.eye(n_features)
     else:
         V = V_fixed
     with torch.no_grad():
-        expected = _reference_attention(X, module.W_Q, module.W_K, V, kind, beta)
+        expected = _reference_attention(X, module.W_Q, module.W_K, V, attention, beta)
         got = module(X)
     assert got.shape == (3, n_tokens, n_targets)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -72,14 +73,14 @@ def test_attention_forward_matches_formula(kind, value, n_tokens, n_features, da
     assert np.linalg.matrix_rank(kernel, tol=1e-5) <= rank
 
 
-@pytest.mark.parametrize("kind", ["linear", "softmax"])
-def test_attention_with_planted_weights_reproduces_the_task(kind):
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_attention_with_planted_weights_reproduces_the_task(attention):
     # The module and the generator share one convention (1/n, beta / sqrt(d), V on the right).
     X, Y, p = make_attention_task(
-        kind, 10, 7, 5, rank=2, logit_scale=2.5, value="random", noise=0.0, random_state=0,
+        attention, 10, 7, 5, rank=2, logit_scale=2.5, value="random", noise=0.0, random_state=0,
         return_params=True,
     )
-    module = LowRankAttention(5, rank=2, kind=kind, value=p.V, logit_scale=2.5)
+    module = LowRankAttention(5, rank=2, attention=attention, value=p.V, logit_scale=2.5)
     with torch.no_grad():
         module.W_Q.copy_(torch.as_tensor(p.W_Q))
         module.W_K.copy_(torch.as_tensor(p.W_K))
@@ -87,13 +88,13 @@ def test_attention_with_planted_weights_reproduces_the_task(kind):
     np.testing.assert_allclose(got, Y, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["linear", "softmax"])
-def test_static_mixer_reproduces_the_task(kind):
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_static_mixer_reproduces_the_task(attention):
     X, Y, p = make_static_mixing_task(
-        kind, 10, 6, 3, rank=2, logit_scale=0.8, noise=0.0, random_state=0, return_params=True
+        attention, 10, 6, 3, rank=2, logit_scale=0.8, noise=0.0, random_state=0, return_params=True
     )
-    mixer = StaticTokenMixer(6, rank=2, kind=kind, logit_scale=0.8)
-    kernel = p.mixing if kind == "linear" else p.logits
+    mixer = StaticTokenMixer(6, rank=2, attention=attention, logit_scale=0.8)
+    kernel = p.mixing if attention == "linear" else p.logits
     U, s, Vt = np.linalg.svd(kernel)
     with torch.no_grad():
         mixer.A.copy_(torch.as_tensor(U[:, :2] * s[:2]))
@@ -104,7 +105,7 @@ def test_static_mixer_reproduces_the_task(kind):
 
 
 def test_rank_zero_softmax_is_uniform_attention():
-    module = LowRankAttention(4, rank=0, kind="softmax", value="identity")
+    module = LowRankAttention(4, rank=0, attention="softmax", value="identity")
     X = torch.randn(2, 5, 4)
     torch.testing.assert_close(module(X), X.mean(dim=1, keepdim=True).expand_as(X))
 
@@ -128,14 +129,33 @@ def test_fixed_value_map_is_a_buffer_not_a_parameter():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: LowRankAttention(3, kind="relu"), "`kind` must be 'softmax' or 'linear'"),
+        (lambda: LowRankAttention(3, attention="relu"),
+         "`attention` must be 'softmax' or 'linear'"),
         (lambda: LowRankAttention(3, value="identity", n_targets=2), "needs n_targets"),
         (lambda: LowRankAttention(3, value="orthogonal"), "`value` must be 'learned'"),
         (lambda: LowRankAttention(3, value=np.ones((2, 4))), r"shape \(n_targets, n_features\)"),
-        (lambda: StaticTokenMixer(4, kind="relu"), "`kind` must be 'linear' or 'softmax'"),
-        (lambda: StaticTokenMixer(4, value="learned"), "`n_features` is required"),
+        (lambda: StaticTokenMixer(4, attention="relu"),
+         "`attention` must be 'linear' or 'softmax'"),
+        (lambda: StaticTokenMixer(4, value=None), "`n_features` is required"),
     ],
 )
 def test_module_errors(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_deprecated_spellings_warn_and_still_work():
+    # `kind=` and `value="learned"` are kept for one release, each with a FutureWarning.
+    torch.manual_seed(0)
+    with pytest.warns(FutureWarning, match="`kind` was renamed `attention`"):
+        module = LowRankAttention(3, kind="linear")
+    assert module.attention == "linear"
+    with pytest.warns(FutureWarning, match="`kind` was renamed `attention`"):
+        mixer = StaticTokenMixer(4, kind="softmax")
+    assert mixer.attention == "softmax"
+    with pytest.warns(FutureWarning, match="`value='learned'` is now spelt `value=None`"):
+        module = LowRankAttention(3, value="learned")
+    assert isinstance(module.value_map.weight, torch.nn.Parameter)
+    with pytest.warns(FutureWarning, match="`value='learned'` is now spelt `value=None`"):
+        mixer = StaticTokenMixer(4, n_features=2, value="learned")
+    assert mixer.value_map.weight.shape == (2, 2)

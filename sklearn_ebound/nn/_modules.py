@@ -9,6 +9,7 @@ descent its implicit bias towards low rank.
 """
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -18,12 +19,38 @@ from torch.nn import functional as F
 __all__ = ["LowRankAttention", "StaticTokenMixer"]
 
 
+def resolve_learned(value, stacklevel=3):
+    """``value``, with the deprecated ``'learned'`` replaced by ``None`` and a FutureWarning."""
+    if isinstance(value, str) and value == "learned":
+        warnings.warn(
+            "`value='learned'` is now spelt `value=None` (an unknown value map, as in "
+            "IntrinsicRankEstimator); 'learned' will be removed in the next release.",
+            FutureWarning,
+            stacklevel=stacklevel,
+        )
+        return None
+    return value
+
+
+def _renamed_kind(attention, kind):
+    """``attention``, or the deprecated ``kind`` with a warning when that is given."""
+    if kind is None:
+        return attention
+    warnings.warn(
+        "`kind` was renamed `attention` (the estimators' word for it); `kind` will be removed "
+        "in the next release.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return kind
+
+
 class _ValueMap(nn.Module):
-    """The value map ``x -> V x``: learned, the identity, or a fixed matrix."""
+    """The value map ``x -> V x``: learned (``value=None``), the identity, or a fixed matrix."""
 
     def __init__(self, value, n_features, n_targets):
         super().__init__()
-        if isinstance(value, str) and value == "learned":
+        if value is None:
             # Same scale as the default init of nn.Linear: the value map is not rank-limited.
             weight = torch.empty(n_targets, n_features)
             nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
@@ -37,7 +64,7 @@ class _ValueMap(nn.Module):
             self.weight = None
         elif isinstance(value, str):
             raise ValueError(
-                "`value` must be 'learned', 'identity' or an array of shape (n_targets, "
+                "`value` must be 'learned', 'identity', None or an array of shape (n_targets, "
                 f"n_features). Got {value!r} instead."
             )
         else:
@@ -62,10 +89,10 @@ class LowRankAttention(nn.Module):
 
     For a batch of sequences ``X`` (``n`` tokens, ``d`` channels) and value map ``V``:
 
-    * ``kind="linear"``: ``Y = (1/n) (X W X^T) X V^T``;
-    * ``kind="softmax"``: ``Y = softmax(beta * X W X^T / sqrt(d)) X V^T``, row-wise, computed by
-      :func:`torch.nn.functional.scaled_dot_product_attention` with queries ``X W_Q``, keys
-      ``X W_K`` and ``scale = beta / sqrt(d)``.
+    * ``attention="linear"``: ``Y = (1/n) (X W X^T) X V^T``;
+    * ``attention="softmax"``: ``Y = softmax(beta * X W X^T / sqrt(d)) X V^T``, row-wise,
+      computed by :func:`torch.nn.functional.scaled_dot_product_attention` with queries
+      ``X W_Q``, keys ``X W_K`` and ``scale = beta / sqrt(d)``.
 
     Parameters
     ----------
@@ -73,20 +100,25 @@ class LowRankAttention(nn.Module):
         Channels per token ``d``.
     rank : int, default=None
         Inner width ``k`` of the factors ``W_Q, W_K`` (``d x k``); ``None`` means ``d``.
-    kind : {"softmax", "linear"}, default="softmax"
+    attention : {"softmax", "linear"}, default="softmax"
         Attention class.
-    value : {"learned", "identity"} or array-like of shape (n_targets, n_features), \
-            default="learned"
-        Value map ``V``: a learned matrix, the identity, or a fixed matrix.
+    value : None, "identity" or array-like of shape (n_targets, n_features), default=None
+        Value map ``V``: ``None`` learns it (``"learned"`` is its deprecated spelling, kept for
+        one release), ``"identity"`` fixes the identity, an array fixes that matrix.
     n_targets : int, default=None
         Output channels ``d_out``; ``None`` means ``d`` (or the rows of an array ``value``).
     logit_scale : float, default=1.0
         ``beta``, the inverse temperature of softmax attention.
     init_scale : float, default=1e-2
         Standard deviation of the entries of ``W_Q`` and ``W_K`` at initialisation.
+    kind : {"softmax", "linear"}, default=None
+        Deprecated spelling of ``attention``, kept for one release: when given, it replaces
+        ``attention``, with a ``FutureWarning``.
 
     Attributes
     ----------
+    attention : str
+        The attention class.
     W_Q, W_K : torch.nn.Parameter of shape (n_features, rank)
     value_map : torch.nn.Module
         ``x -> V x``; its ``weight`` is ``V`` (``None`` for the identity).
@@ -95,7 +127,7 @@ class LowRankAttention(nn.Module):
     --------
     >>> import torch
     >>> from sklearn_ebound.nn import LowRankAttention
-    >>> module = LowRankAttention(6, rank=2, kind="linear", value="identity")
+    >>> module = LowRankAttention(6, rank=2, attention="linear", value="identity")
     >>> module(torch.randn(5, 10, 6)).shape, module.qk_kernel().shape
     (torch.Size([5, 10, 6]), torch.Size([6, 6]))
     """
@@ -104,19 +136,26 @@ class LowRankAttention(nn.Module):
         self,
         n_features,
         rank=None,
-        kind="softmax",
-        value="learned",
+        attention="softmax",
+        value=None,
         n_targets=None,
         logit_scale=1.0,
         init_scale=1e-2,
+        *,
+        kind=None,
     ):
         super().__init__()
-        if kind not in ("softmax", "linear"):
-            raise ValueError(f"`kind` must be 'softmax' or 'linear'. Got {kind!r} instead.")
+        attention = _renamed_kind(attention, kind)
+        value = resolve_learned(value)
+        if attention not in ("softmax", "linear"):
+            raise ValueError(
+                f"`attention` must be 'softmax' or 'linear'. Got {attention!r} instead."
+            )
         rank = n_features if rank is None else rank
         if n_targets is None:
-            n_targets = n_features if isinstance(value, str) else np.shape(value)[0]
-        self.n_features, self.rank, self.kind = n_features, rank, kind
+            fixed = value is not None and not isinstance(value, str)
+            n_targets = np.shape(value)[0] if fixed else n_features
+        self.n_features, self.rank, self.attention = n_features, rank, attention
         self.logit_scale = float(logit_scale)
         self.W_Q = _factor(n_features, rank, init_scale)
         self.W_K = _factor(n_features, rank, init_scale)
@@ -128,7 +167,7 @@ class LowRankAttention(nn.Module):
 
     def forward(self, X):
         Q, K, values = X @ self.W_Q, X @ self.W_K, self.value_map(X)
-        if self.kind == "linear":
+        if self.attention == "linear":
             # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
             return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
         scale = self.logit_scale / math.sqrt(self.n_features)
@@ -140,8 +179,8 @@ class StaticTokenMixer(nn.Module):
 
     The same mixing is applied to every sequence ``X`` (``n`` tokens, ``d`` channels):
 
-    * ``kind="linear"``: ``Y = M X V^T`` with ``M = A B^T`` (ladder rungs 0 and 1);
-    * ``kind="softmax"``: ``Y = softmax(beta * L) X V^T`` row-wise, with the logit matrix
+    * ``attention="linear"``: ``Y = M X V^T`` with ``M = A B^T`` (ladder rungs 0 and 1);
+    * ``attention="softmax"``: ``Y = softmax(beta * L) X V^T`` row-wise, with the logit matrix
       ``L = A B^T`` (rung 2).
 
     Parameters
@@ -150,19 +189,31 @@ class StaticTokenMixer(nn.Module):
         Tokens per sequence ``n``.
     rank : int, default=None
         Inner width ``k`` of the factors ``A, B`` (``n x k``); ``None`` means ``n``.
-    kind : {"linear", "softmax"}, default="linear"
+    attention : {"linear", "softmax"}, default="linear"
         Linear mixing by ``M`` or softmax mixing of the logits ``L``.
     n_features : int, default=None
         Channels per token ``d``; needed only for a learned value map.
-    value : {"identity", "learned"} or array-like of shape (n_targets, n_features), \
+    value : "identity", None or array-like of shape (n_targets, n_features), \
             default="identity"
-        Value map ``V``.
+        Value map ``V``: the identity, learned (``None``; ``"learned"`` is its deprecated
+        spelling, kept for one release), or a fixed matrix.
     n_targets : int, default=None
         Output channels; ``None`` means ``d`` (or the rows of an array ``value``).
     logit_scale : float, default=1.0
         ``beta`` of the softmax mixing.
     init_scale : float, default=1e-2
         Standard deviation of the entries of ``A`` and ``B`` at initialisation.
+    kind : {"linear", "softmax"}, default=None
+        Deprecated spelling of ``attention``, kept for one release: when given, it replaces
+        ``attention``, with a ``FutureWarning``.
+
+    Attributes
+    ----------
+    attention : str
+        The mixing class.
+    A, B : torch.nn.Parameter of shape (n_tokens, rank)
+    value_map : torch.nn.Module
+        ``x -> V x``; its ``weight`` is ``V`` (``None`` for the identity).
 
     Examples
     --------
@@ -177,24 +228,31 @@ class StaticTokenMixer(nn.Module):
         self,
         n_tokens,
         rank=None,
-        kind="linear",
+        attention="linear",
         n_features=None,
         value="identity",
         n_targets=None,
         logit_scale=1.0,
         init_scale=1e-2,
+        *,
+        kind=None,
     ):
         super().__init__()
-        if kind not in ("softmax", "linear"):
-            raise ValueError(f"`kind` must be 'linear' or 'softmax'. Got {kind!r} instead.")
+        attention = _renamed_kind(attention, kind)
+        value = resolve_learned(value)
+        if attention not in ("softmax", "linear"):
+            raise ValueError(
+                f"`attention` must be 'linear' or 'softmax'. Got {attention!r} instead."
+            )
         rank = n_tokens if rank is None else rank
+        fixed = value is not None and not isinstance(value, str)
         if n_features is None:
-            if isinstance(value, str) and value == "learned":
-                raise ValueError("`n_features` is required with `value='learned'`.")
-            n_features = 1 if isinstance(value, str) else np.shape(value)[1]
+            if value is None:
+                raise ValueError("`n_features` is required with `value=None` (a learned map).")
+            n_features = np.shape(value)[1] if fixed else 1
         if n_targets is None:
-            n_targets = n_features if isinstance(value, str) else np.shape(value)[0]
-        self.n_tokens, self.rank, self.kind = n_tokens, rank, kind
+            n_targets = np.shape(value)[0] if fixed else n_features
+        self.n_tokens, self.rank, self.attention = n_tokens, rank, attention
         self.logit_scale = float(logit_scale)
         self.A = _factor(n_tokens, rank, init_scale)
         self.B = _factor(n_tokens, rank, init_scale)
@@ -206,5 +264,8 @@ class StaticTokenMixer(nn.Module):
 
     def forward(self, X):
         kernel = self.mixing_kernel()
-        mixing = kernel if self.kind == "linear" else torch.softmax(self.logit_scale * kernel, -1)
+        if self.attention == "linear":
+            mixing = kernel
+        else:
+            mixing = torch.softmax(self.logit_scale * kernel, -1)
         return mixing @ self.value_map(X)
