@@ -10,12 +10,14 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from sklearn import config_context
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
+from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.validation import check_is_fitted
 
 from sklearn_ebound import energy_rank, entropy_rank
@@ -43,9 +45,10 @@ def _one_torch_thread():
     torch.set_num_threads(n_threads)
 
 
-def _task(kind, rank, seed, n_samples=N_TRAIN, **kwargs):
+def _task(attention, rank, seed, n_samples=N_TRAIN, **kwargs):
     return make_attention_task(
-        kind, n_samples, N_TOKENS, D, rank=rank, random_state=seed, return_params=True, **kwargs
+        attention, n_samples, N_TOKENS, D, rank=rank, random_state=seed, return_params=True,
+        **kwargs,
     )
 
 
@@ -63,20 +66,20 @@ ACHIEVABILITY_TOL = 0.10
 
 
 @pytest.mark.parametrize(
-    "kind, value, beta",
-    [("linear", "identity", 1.0), ("softmax", "learned", 2.0)],
+    "attention, value, beta",
+    [("linear", "identity", 1.0), ("softmax", None, 2.0)],
 )
-def test_rank_sweep_deficiency_and_achievability(kind, value, beta):
+def test_rank_sweep_deficiency_and_achievability(attention, value, beta):
     r_star = 3
     X, Y, p = _task(
-        kind, r_star, 0, n_samples=2 * N_TRAIN, logit_scale=beta,
+        attention, r_star, 0, n_samples=2 * N_TRAIN, logit_scale=beta,
         value="identity" if value == "identity" else "random",
     )
     X_train, Y_train, X_test, Y_test = X[:N_TRAIN], Y[:N_TRAIN], X[N_TRAIN:], Y[N_TRAIN:]
     ratios = {}
     for r in range(r_star + 2):
         net = LowRankAttentionRegressor(
-            r, attention=kind, value=value, logit_scale=beta, random_state=0, **FAST
+            r, attention=attention, value=value, logit_scale=beta, random_state=0, **FAST
         ).fit(X_train, Y_train)
         ratios[r] = _risk(net, X_test, Y_test) / p.noise_floor
     for r in range(r_star):
@@ -98,14 +101,14 @@ def test_gradient_descent_recovers_the_planted_rank(attention):
     r_star, hits = 3, []
     for seed in range(10):
         if attention in ("static", "static_softmax"):
-            kind = "linear" if attention == "static" else "softmax"
-            X, Y = make_static_mixing_task(kind, N_TRAIN, N_TOKENS, D, rank=r_star,
+            mixing = "linear" if attention == "static" else "softmax"
+            X, Y = make_static_mixing_task(mixing, N_TRAIN, N_TOKENS, D, rank=r_star,
                                            random_state=seed)
             value, beta = "identity", 1.0
         else:
             beta = 2.0 if attention == "softmax" else 1.0
             X, Y, _ = _task(attention, r_star, seed, logit_scale=beta, value="random")
-            value = "learned"
+            value = None
         # Full width: rank=None gives k = d (attention) or k = n (static).
         net = LowRankAttentionRegressor(
             attention=attention, value=value, logit_scale=beta, init_scale=1e-2,
@@ -216,6 +219,32 @@ def test_wrong_parameter_type_is_a_type_error():
     assert not net.initialized_
 
 
+def test_parameters_are_checked_by_their_declared_constraints():
+    # scikit-learn's message names the parameter and its accepted forms; a parameter is
+    # checked before the data, so a bad one fails even on data of the wrong shape.
+    net = LowRankAttentionRegressor(logit_scale="high", max_epochs=1)
+    with pytest.raises(InvalidParameterError,
+                       match=r"The 'logit_scale' parameter of LowRankAttentionRegressor must "
+                             r"be a float in the range \[0\.0, inf\)\. Got 'high' instead"):
+        net.fit(_X[:, :, 0], _Y)
+    with pytest.raises(InvalidParameterError, match="The 'random_state' parameter"):
+        LowRankAttentionRegressor(random_state="seed", max_epochs=1).fit(_X, _Y)
+    assert set(LowRankAttentionRegressor._parameter_constraints) == {
+        "rank", "attention", "value", "init_scale", "logit_scale", "random_state"}
+    # scikit-learn's switch turns the check off, as for its own estimators.
+    with config_context(skip_parameter_validation=True):
+        LowRankAttentionRegressor(logit_scale=-1.0, max_epochs=0).fit(_X, _Y)
+
+
+def test_value_learned_is_the_deprecated_spelling_of_none():
+    params = dict(attention="linear", max_epochs=3, random_state=0)
+    with pytest.warns(FutureWarning, match="`value='learned'` is now spelt `value=None`"):
+        old = LowRankAttentionRegressor(value="learned", **params).fit(_X, _Y)
+    new = LowRankAttentionRegressor(**params).fit(_X, _Y)
+    assert new.value is None and isinstance(new.module_.value_map.weight, torch.nn.Parameter)
+    np.testing.assert_array_equal(old.qk_kernel_, new.qk_kernel_)
+
+
 def test_predict_checks_the_fitted_sizes():
     net = LowRankAttentionRegressor(attention="static", max_epochs=1).fit(_X, _Y)
     with pytest.raises(ValueError, match="fitted with n_features=6"):
@@ -258,7 +287,7 @@ def test_params_reach_the_module_and_survive_clone():
     cloned.set_params(rank=4, attention="softmax")
     cloned.fit(_X, _Y)
     assert isinstance(cloned.module_, LowRankAttention)
-    assert (cloned.module_.rank, cloned.module_.kind, cloned.module_.logit_scale) == (
+    assert (cloned.module_.rank, cloned.module_.attention, cloned.module_.logit_scale) == (
         4, "softmax", 3.0)
     assert cloned.qk_kernel_.shape == (D, D) and cloned.qk_kernel_.dtype == np.float64
     static = clone(net).set_params(attention="static", rank=None).fit(_X, _Y)

@@ -5,11 +5,20 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
+from sklearn import get_config
 from sklearn.metrics import r2_score
-from sklearn.utils import check_array, check_random_state, check_scalar
+from sklearn.utils import check_array, check_random_state
+from sklearn.utils._param_validation import (
+    Interval,
+    InvalidParameterError,
+    StrOptions,
+    make_constraint,
+    validate_parameter_constraints,
+)
 from sklearn.utils.validation import check_is_fitted
 from skorch import NeuralNetRegressor
 from skorch.dataset import Dataset
+from skorch.utils import is_dataset
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
 from torch.utils.data import Dataset as TorchDataset
 
@@ -17,11 +26,53 @@ from .._spectrum import energy_rank
 from .._validation import check_sequences
 from ..exceptions import TrainingDivergedError
 from ._callbacks import DivergenceCheck
-from ._modules import LowRankAttention, StaticTokenMixer
+from ._modules import LowRankAttention, StaticTokenMixer, resolve_learned
 
 __all__ = ["LowRankAttentionRegressor"]
 
-_ATTENTION = ("softmax", "linear", "static", "static_softmax")
+_STATIC = ("static", "static_softmax")
+
+
+class _Options(StrOptions):
+    """String options listed in their declared order in every message (a set has none)."""
+
+    def __init__(self, *options, deprecated=()):
+        super().__init__(set(options), deprecated=set(deprecated))
+        self.options = options
+
+
+def _short_rule(name, value, constraints):
+    """The rule ``value`` breaks, in the package's short form.
+
+    A number names its bound or its type (``rank == -1, must be >= 0``); anything else lists
+    the accepted forms (``value must be 'learned', 'identity', None or an array-like``).
+    """
+    constraints = [make_constraint(constraint) for constraint in constraints]
+    intervals = [c for c in constraints if isinstance(c, Interval)]
+    if intervals:
+        interval, none = intervals[0], any(c.is_satisfied_by(None) for c in constraints)
+        if not isinstance(value, interval.type):
+            type_name = "int" if interval.type is Integral else "float"
+            return (f"{name} must be an instance of {type_name}{' or None' if none else ''}, "
+                    f"not {type(value).__name__}")
+        closed_left = interval.closed in ("left", "both")
+        if interval.left is not None and not (
+            value > interval.left or (closed_left and value == interval.left)
+        ):
+            return f"{name} == {value}, must be {'>=' if closed_left else '>'} {interval.left}"
+        closed_right = interval.closed in ("right", "both")
+        return f"{name} == {value}, must be {'<=' if closed_right else '<'} {interval.right}"
+    forms = []
+    for constraint in constraints:
+        if isinstance(constraint, StrOptions):
+            forms += [repr(option) for option in constraint.options]
+        else:
+            forms.append(str(constraint))
+    if len(constraints) == 1 and isinstance(constraints[0], StrOptions):
+        return f"`{name}` must be one of ({', '.join(forms)})"
+    if len(forms) == 1:
+        return f"`{name}` must be {forms[0]}"
+    return f"`{name}` must be {', '.join(forms[:-1])} or {forms[-1]}"
 
 
 @contextmanager
@@ -77,9 +128,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         The token mixing: softmax attention ``softmax(beta X W X^T / sqrt(d)) X V^T``, linear
         attention ``(1/n) (X W X^T) X V^T``, static linear mixing ``M X V^T`` or static softmax
         mixing ``softmax(beta L) X V^T``, with ``W = W_Q W_K^T``, ``M = A B^T``, ``L = A B^T``.
-    value : {"learned", "identity"} or array-like of shape (n_targets, n_features), \
-            default="learned"
-        The value map ``V``: learned, the identity (``n_targets == n_features``), or fixed.
+    value : None, "identity" or array-like of shape (n_targets, n_features), default=None
+        The value map ``V``: ``None`` learns it (an unknown value map, the spelling of
+        :class:`~sklearn_ebound.IntrinsicRankEstimator`; ``"learned"`` is its deprecated
+        spelling, kept for one release), ``"identity"`` fixes the identity (``n_targets ==
+        n_features``), an array fixes that matrix.
     init_scale : float, default=1e-2
         Standard deviation of the factor entries at initialisation. Small values give the
         implicit bias of gradient descent towards low rank.
@@ -149,6 +202,13 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
 
     Notes
     -----
+    ``predict(X)`` returns float32 sequences of shape ``(n_samples, n_tokens, n_targets)``;
+    ``X`` is checked as at ``fit`` (3-D, finite, the fitted ``n_features``, and for static
+    mixing the fitted ``n_tokens``). The parameters are checked when ``fit`` (or a first
+    ``partial_fit``) starts, against ``_parameter_constraints`` with scikit-learn's parameter
+    validation, and against the data's sizes; the errors are ``ValueError`` or its subclass
+    ``InvalidParameterError``, and name the parameter and the accepted forms.
+
     ``score`` is the R^2 of all target entries flattened into one column. scikit-learn's own
     named scorers reject 3-D targets; pass ``scoring=get_sequence_scorer(name)`` instead of
     ``scoring=name`` in model selection.
@@ -175,12 +235,21 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     ((4, 4), 1)
     """
 
+    _parameter_constraints = {
+        "rank": [Interval(Integral, 0, None, closed="left"), None],
+        "attention": [_Options("softmax", "linear", *_STATIC)],
+        "value": [_Options("learned", "identity", deprecated=("learned",)), None, "array-like"],
+        "init_scale": [Interval(Real, 0, None, closed="neither")],
+        "logit_scale": [Interval(Real, 0, None, closed="left")],
+        "random_state": ["random_state"],
+    }
+
     def __init__(
         self,
         rank=None,
         *,
         attention="softmax",
-        value="learned",
+        value=None,
         init_scale=1e-2,
         logit_scale=1.0,
         optimizer=torch.optim.Adam,
@@ -219,6 +288,9 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         # skorch's defaults (epoch timer, loss recording, printing) and the divergence check.
         return [*super()._default_callbacks, ("divergence_check", DivergenceCheck())]
 
+    # `fit` and `partial_fit` are overridden, not hooked: skorch builds the module in
+    # `initialize` before any hook sees the data, and the module's sizes are the data's.
+
     def fit(self, X, y, **fit_params):
         """Initialise the module from the data and train it.
 
@@ -235,7 +307,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         -------
         self : LowRankAttentionRegressor
         """
-        X, y = self._validate_sequences(X, y, reset=not (self.warm_start and self.initialized_))
+        X, y = self._validate_fit_data(X, y, reset=not (self.warm_start and self.initialized_))
+        # One seeded torch state covers the initialisation and the batch order.
         with self._seeded():
             return super().fit(X, y, **fit_params)
 
@@ -246,7 +319,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         and return the partly trained model as if finished): a sweep interrupted mid-fit never
         records a partly trained rank. The partly trained module stays in ``module_``.
         """
-        X, y = self._validate_sequences(X, y, reset=not self.initialized_)
+        X, y = self._validate_fit_data(X, y, reset=not self.initialized_)
         self._interrupted = False
         super().partial_fit(X, y, classes=classes, **fit_params)
         if self._interrupted:
@@ -264,21 +337,6 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             self._interrupted = True
             raise
 
-    def predict(self, X):
-        """Predicted target sequences, a float32 array of shape (n_samples, n_tokens, n_targets).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_tokens, n_features)
-
-        Returns
-        -------
-        Y_pred : ndarray of shape (n_samples, n_tokens, n_targets)
-        """
-        check_is_fitted(self)
-        X, _ = self._validate_sequences(X, reset=False)
-        return super().predict(X)
-
     def score(self, X, y, sample_weight=None):
         """R^2 over all tokens and channels: the targets flattened into one column.
 
@@ -295,6 +353,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         -------
         score : float
         """
+        # Overridden: scikit-learn's RegressorMixin.score hands the 3-D targets to r2_score,
+        # which rejects them.
         check_is_fitted(self)
         # The targets stay in float64: R^2 near 0 is sensitive to float32 round-off.
         X, y = self._validate_sequences(X, y, reset=False, y_dtype=np.float64)
@@ -306,30 +366,41 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
 
     def initialize_module(self):
         """Build the module from the parameters and the sizes seen at ``fit``."""
+        # 'learned' is the deprecated spelling of None, warned about at fit.
+        value = None if isinstance(self.value, str) and self.value == "learned" else self.value
         kwargs = dict(
             rank=self.rank,
-            value=self.value,
+            value=value,
             n_targets=self.n_outputs_,
             logit_scale=self.logit_scale,
             init_scale=self.init_scale,
         )
-        if self.attention in ("static", "static_softmax"):
+        if self.attention in _STATIC:
             module_cls = StaticTokenMixer
-            kind = "linear" if self.attention == "static" else "softmax"
-            kwargs.update(n_tokens=self.n_tokens_in_, n_features=self.n_features_in_, kind=kind)
+            attention = "linear" if self.attention == "static" else "softmax"
+            kwargs.update(n_tokens=self.n_tokens_in_, n_features=self.n_features_in_,
+                          attention=attention)
         else:
             module_cls = LowRankAttention
-            kwargs.update(n_features=self.n_features_in_, kind=self.attention)
+            kwargs.update(n_features=self.n_features_in_, attention=self.attention)
         # `module__<name>` parameters override the ones above.
         kwargs.update(self.get_params_for("module"))
         self.module_ = module_cls(**kwargs)
         return self
 
     def get_dataset(self, X, y=None):
-        """Wrap validated arrays as tensors (no copy) unless a custom ``dataset`` is set."""
-        if isinstance(X, np.ndarray) and self.dataset is Dataset:
-            if not self.get_params_for("dataset"):
-                return _Sequences(X, y)
+        """Checked sequences, wrapped as tensors (no copy) unless a custom ``dataset`` is set.
+
+        Every array that ``fit``, ``predict`` or ``forward`` trains on or predicts from passes
+        here: ``X`` (and ``y``) must be 3-D, finite, and have the sizes seen at ``fit``. Predictions
+        are float32 arrays of shape ``(n_samples, n_tokens, n_targets)``. A torch ``Dataset``
+        goes through unchanged, as in skorch.
+        """
+        if is_dataset(X):
+            return X
+        X, y = self._validate_sequences(X, y, reset=False)
+        if self.dataset is Dataset and not self.get_params_for("dataset"):
+            return _Sequences(X, y)
         return super().get_dataset(X, y)
 
     def get_iterator(self, dataset, training=False):
@@ -387,8 +458,35 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         return _forked_seed(seed)
 
-    def _validate_sequences(self, X, y=None, reset=True, y_dtype=np.float32):
-        """Check parameters and data; with ``reset`` record the sizes, else compare to them."""
+    def _validate_fit_data(self, X, y, reset):
+        """Check the parameters (with ``reset``) and the data of ``fit``/``partial_fit``."""
+        if reset:
+            self._validate_parameter_constraints()
+        return self._validate_sequences(X, y, reset=reset)
+
+    def _validate_parameter_constraints(self):
+        """Enforce ``_parameter_constraints`` with scikit-learn's parameter validation.
+
+        scikit-learn's message (the parameter, its accepted forms, the value given) is followed
+        by the rule in short form; ``sklearn.set_config(skip_parameter_validation=True)`` skips
+        the check, as it does for scikit-learn's estimators.
+        """
+        if get_config()["skip_parameter_validation"]:
+            return
+        for name, constraints in self._parameter_constraints.items():
+            value = getattr(self, name)
+            try:
+                validate_parameter_constraints(
+                    {name: constraints}, {name: value}, caller_name=type(self).__name__
+                )
+            except InvalidParameterError as exc:
+                rule = _short_rule(name, value, constraints)
+                raise InvalidParameterError(f"{str(exc).rstrip('.')}: {rule}.") from None
+        # stacklevel 5: the warning points at the caller of fit or partial_fit.
+        resolve_learned(self.value, stacklevel=5)
+
+    def _validate_sequences(self, X, y=None, *, reset, y_dtype=np.float32):
+        """Check the data; with ``reset`` record the sizes, else compare them to ``fit``'s."""
         X = check_sequences(X, "X", dtype=np.float32)
         if y is not None:
             y = check_sequences(y, "y", dtype=y_dtype)
@@ -398,7 +496,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
                     f"n_samples and n_tokens as `X` {X.shape[:2]}. Got {y.shape} instead."
                 )
         if reset:
-            self._check_params(X, y)
+            self._check_params_against_data(X, y)
             self.n_tokens_in_, self.n_features_in_ = X.shape[1:]
             self.n_outputs_ = y.shape[2]
             return X, y
@@ -407,7 +505,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
                 f"`X` has {X.shape[2]} features per token, but {type(self).__name__} was "
                 f"fitted with n_features={self.n_features_in_}."
             )
-        if self.attention in ("static", "static_softmax") and X.shape[1] != self.n_tokens_in_:
+        if self.attention in _STATIC and X.shape[1] != self.n_tokens_in_:
             raise ValueError(
                 f"`X` has {X.shape[1]} tokens, but static mixing was fitted with "
                 f"n_tokens={self.n_tokens_in_}."
@@ -419,34 +517,26 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             )
         return X, y
 
-    def _check_params(self, X, y):
+    def _check_params_against_data(self, X, y):
+        """The limits of ``rank`` and ``value`` that depend on the data's sizes."""
         n_tokens, n_features = X.shape[1:]
         n_targets = y.shape[2]
-        if self.attention not in _ATTENTION:
-            raise ValueError(f"`attention` must be one of {_ATTENTION}. Got {self.attention!r}.")
-        static = self.attention in ("static", "static_softmax")
-        width, width_name = (n_tokens, "n_tokens") if static else (n_features, "n_features")
-        if self.rank is not None:
-            check_scalar(self.rank, "rank", Integral, min_val=0)
-            if self.rank > width:
-                raise ValueError(
-                    f"`rank` upper bound is {width} ({width_name}). Got {self.rank} instead. "
-                    "Reduce `rank` or pass None for full width."
-                )
-        check_scalar(self.init_scale, "init_scale", Real, min_val=0, include_boundaries="neither")
-        check_scalar(self.logit_scale, "logit_scale", Real, min_val=0)
+        if self.attention in _STATIC:
+            width, width_name = n_tokens, "n_tokens"
+        else:
+            width, width_name = n_features, "n_features"
+        if self.rank is not None and self.rank > width:
+            raise ValueError(
+                f"`rank` upper bound is {width} ({width_name}). Got {self.rank} instead. "
+                "Reduce `rank` or pass None for full width."
+            )
         if isinstance(self.value, str):
-            if self.value not in ("learned", "identity"):
-                raise ValueError(
-                    "`value` must be 'learned', 'identity' or an array of shape (n_targets, "
-                    f"n_features). Got {self.value!r} instead."
-                )
             if self.value == "identity" and n_targets != n_features:
                 raise ValueError(
                     f"`value='identity'` needs `y` with n_targets == n_features = {n_features}"
                     f" channels. Got n_targets={n_targets} instead."
                 )
-        else:
+        elif self.value is not None:
             V = check_array(self.value, input_name="value")
             if V.shape != (n_targets, n_features):
                 raise ValueError(
