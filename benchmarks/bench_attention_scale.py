@@ -38,7 +38,7 @@ MIB = 2.0**20
 def chunks(n_samples, n_tokens, d, rank, chunk, noise=0.1, seed=0):
     """Linear attention ``Y_s = (1/n) X_s W X_s^T X_s + E_s`` with ``rank(W) = rank``, ``V = I``.
 
-    The task of ``make_attention_task(kind="linear", value="identity")``, drawn chunk by chunk
+    The task of ``make_attention_task(attention="linear", value="identity")``, drawn chunk by chunk
     with one fixed kernel ``W``.
     """
     rng = np.random.default_rng(seed)

@@ -35,17 +35,17 @@ training = dict(lr=0.05, max_epochs=150, batch_size=-1)
 # Deficiency and achievability: sweep the rank of the query–key kernel
 # --------------------------------------------------------------------
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-for ax, kind in zip(axes, ["linear", "softmax"], strict=True):
-    X, Y, params = make_attention_task(kind, n_samples, n_tokens, n_features, rank=r_star,
+for ax, attention in zip(axes, ["linear", "softmax"], strict=True):
+    X, Y, params = make_attention_task(attention, n_samples, n_tokens, n_features, rank=r_star,
                                        noise=0.05, random_state=0, return_params=True)
-    net = LowRankAttentionRegressor(attention=kind, value="identity", random_state=0,
+    net = LowRankAttentionRegressor(attention=attention, value="identity", random_state=0,
                                     **training)
     display = RankSweepDisplay.from_estimator(net, X, Y, ranks=range(n_features + 1), cv=cv,
-                                              noise_floor=params.noise_floor, ax=ax, name=kind)
-    ax.set_title(f"{kind} attention, r*_att = {r_star}")
+                                              noise_floor=params.noise_floor, ax=ax, name=attention)
+    ax.set_title(f"{attention} attention, r*_att = {r_star}")
     ax.set_yscale("log")
     result = display.result_
-    print(f"{kind} attention")
+    print(f"{attention} attention")
     print(result.format())
     print(f"knee: {result.knee} (planted {r_star})")
 
