@@ -1,11 +1,10 @@
 """Deficiency and achievability: held-out excess risk of rank-``r`` models against ``T(r)``."""
 
-import warnings
-
 import numpy as np
 from sklearn.model_selection import train_test_split
 from sklearn.utils import Bunch, check_array, check_consistent_length
 
+from ._deprecation import renamed_keyword
 from ._least_squares import path_squared_errors, solve_static
 from ._moments import Moments
 from ._spectrum import tail_energy
@@ -42,7 +41,7 @@ def excess_risk_curve(
     singular_values=None,
     alpha=0.0,
     random_state=None,
-    Y_test="deprecated",
+    Y_test=None,
 ):
     """Held-out excess risk of the best rank-``r`` model next to the bound ``T(r)``.
 
@@ -80,11 +79,8 @@ def excess_risk_curve(
     curve : Bunch
         ``ranks``, ``risk``, ``excess_risk``, ``bound`` (``T(r)``), ``noise_floor``.
     """
-    if not (isinstance(Y_test, str) and Y_test == "deprecated"):
-        warnings.warn("`Y_test` was renamed `y_test` (scikit-learn's spelling of targets); "
-                      "`Y_test` will be removed in the next release.", FutureWarning,
-                      stacklevel=2)
-        y_test = Y_test
+    y_test = renamed_keyword("Y_test", "y_test", Y_test, y_test,
+                             reason="scikit-learn's spelling of targets")
     X = check_array(X, dtype=np.float64, input_name="X")
     Y = check_array(y, dtype=np.float64, ensure_2d=False, input_name="y")
     Y = Y[:, None] if Y.ndim == 1 else Y

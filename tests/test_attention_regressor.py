@@ -195,13 +195,19 @@ _Y_inf[0, 0, 0] = np.inf
             {"rank": 9, "attention": "static"}, _X, _Y,
             r"`rank` upper bound is 8 \(n_tokens\)\. Got 9 instead\.",
         ),
-        ({"rank": -1}, _X, _Y, "rank == -1, must be >= 0"),
-        ({"attention": "relu"}, _X, _Y, "`attention` must be one of"),
+        ({"rank": -1}, _X, _Y,
+         r"'rank' parameter of LowRankAttentionRegressor must be an int in the range \[0, inf\) "
+         r"or None\. Got -1 instead"),
+        ({"attention": "relu"}, _X, _Y, "'attention' parameter .* must be a str among .*'linear'"
+                                         ".* Got 'relu' instead"),
         ({"value": "identity"}, _X, _Y[:, :, :2], "`value='identity'` needs `y` with n_targets"),
-        ({"value": "orthogonal"}, _X, _Y, "`value` must be 'learned', 'identity'"),
+        ({"value": "orthogonal"}, _X, _Y, "'value' parameter .* must be a str among .*'identity'"
+                                          ".*, None or an array-like. Got 'orthogonal' instead"),
         ({"value": np.ones((6, 5))}, _X, _Y, r"\(n_targets, n_features\) = \(6, 6\)"),
-        ({"init_scale": 0.0}, _X, _Y, "init_scale == 0.0, must be > 0"),
-        ({"logit_scale": -1.0}, _X, _Y, "logit_scale == -1.0, must be >= 0"),
+        ({"init_scale": 0.0}, _X, _Y,
+         r"'init_scale' parameter .* must be a float in the range \(0\.0, inf\)\. Got 0\.0"),
+        ({"logit_scale": -1.0}, _X, _Y,
+         r"'logit_scale' parameter .* must be a float in the range \[0\.0, inf\)\. Got -1\.0"),
     ],
 )
 def test_bad_input_is_rejected_before_training(params, X, Y, match):
@@ -214,7 +220,7 @@ def test_bad_input_is_rejected_before_training(params, X, Y, match):
 def test_wrong_parameter_type_is_a_type_error():
     # scikit-learn's convention: a wrong type is a TypeError, a wrong value a ValueError.
     net = LowRankAttentionRegressor(rank=2.5, max_epochs=1)
-    with pytest.raises(TypeError, match="rank must be an instance of int"):
+    with pytest.raises(TypeError, match=r"'rank' parameter .* must be an int .*Got 2\.5 instead"):
         net.fit(_X, _Y)
     assert not net.initialized_
 

@@ -144,16 +144,14 @@ def test_static_mixing_errors():
 
 
 @pytest.mark.parametrize("make", [make_attention_task, make_static_mixing_task])
-def test_deprecated_kind_keyword_and_params_key(make):
-    # `kind=` and the params key `kind` are kept for one release, each with a FutureWarning.
+def test_deprecated_kind_keyword(make):
+    # `kind=` is kept for one release, with a FutureWarning.
     with pytest.warns(FutureWarning, match="`kind` was renamed `attention`"):
         X, Y, params = make(kind="softmax", n_samples=5, n_tokens=4, n_features=3,
                             random_state=0, return_params=True)
     X2, Y2 = make("softmax", 5, 4, 3, random_state=0)
     np.testing.assert_array_equal(Y, Y2)
     assert params.attention == "softmax"
-    with pytest.warns(FutureWarning, match="The key `kind` was renamed `attention`"):
-        assert params.kind == "softmax"
     with pytest.raises(ValueError, match="`attention` must be 'linear' or 'softmax'"):
         with pytest.warns(FutureWarning):
             make(kind="relu")

@@ -244,7 +244,7 @@ def test_intrinsic_rank_parameters(params, error, message):
     (lambda: tail_energy(np.ones(3), 1.5), "rank"),
     (lambda: threshold_rank(np.ones((3, 3)), sigma="big"), "sigma"),
     (lambda: make_static_task(10, 3, rank=1, noise="loud"), "noise"),
-    (lambda: make_attention_task("cubic", 10, 4, 2), "kind"),
+    (lambda: make_attention_task("cubic", 10, 4, 2), "attention"),
     (lambda: make_attention_task("linear", 10, 4, 2, rank=3), "rank"),
     (lambda: make_attention_task("linear", 10, 4, 2, rank=1, vocabulary_size=0),
      "vocabulary_size"),

@@ -10,13 +10,13 @@ operator that mixes the tokens:
   matrix ``L`` mixed through a softmax (rung 2), has rank ``r*``.
 """
 
-import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from scipy.special import softmax
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
+from .._deprecation import renamed_keyword
 from .._random import random_orthonormal
 from ._static import padded_spectrum, planted_singular_values
 
@@ -27,33 +27,13 @@ _VALUE_MAPS = ("identity", "random", "low_rank")
 
 def _check_attention(attention, kind, what):
     """The attention class, read from the deprecated ``kind`` when that is given."""
-    if kind is not None:
-        warnings.warn(
-            "`kind` was renamed `attention` (the estimators' word for it); `kind` will be "
-            "removed in the next release.",
-            FutureWarning,
-            stacklevel=3,
-        )
-        attention = kind
+    attention = renamed_keyword("kind", "attention", kind, attention,
+                                reason="the estimators' word for it", stacklevel=3)
     if attention not in ("linear", "softmax"):
         raise ValueError(
-            f"`attention` must be 'linear' or 'softmax', the kind of {what}. Got {attention!r} "
-            "instead."
+            f"`attention` must be 'linear' or 'softmax' (the {what}). Got {attention!r} instead."
         )
     return attention
-
-
-def _params_bunch(**params):
-    """The ground truth; the deprecated key ``kind`` still reads ``attention``, with a warning."""
-    bunch = Bunch(**params)
-    bunch._set_deprecated(
-        params["attention"],
-        new_key="attention",
-        deprecated_key="kind",
-        warning_message="The key `kind` was renamed `attention`; `kind` will be removed in the "
-        "next release.",
-    )
-    return bunch
 
 
 def _check_sizes(n_samples, n_tokens, n_features):
@@ -233,7 +213,7 @@ def make_attention_task(
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if not return_params:
         return X, Y
-    params = _params_bunch(
+    params = Bunch(
         vocabulary=vocabulary,
         W_Q=W_Q,
         W_K=W_K,
@@ -366,7 +346,7 @@ def make_static_mixing_task(
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if not return_params:
         return X, Y
-    params = _params_bunch(
+    params = Bunch(
         mixing=mixing,
         logits=logits,
         V=V,

@@ -16,7 +16,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .._deprecation import renamed_keyword
+
 __all__ = ["LowRankAttention", "StaticTokenMixer"]
+
+_KIND_REASON = "the estimators' word for it"
 
 
 def resolve_learned(value, stacklevel=3):
@@ -30,19 +34,6 @@ def resolve_learned(value, stacklevel=3):
         )
         return None
     return value
-
-
-def _renamed_kind(attention, kind):
-    """``attention``, or the deprecated ``kind`` with a warning when that is given."""
-    if kind is None:
-        return attention
-    warnings.warn(
-        "`kind` was renamed `attention` (the estimators' word for it); `kind` will be removed "
-        "in the next release.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return kind
 
 
 class _ValueMap(nn.Module):
@@ -145,7 +136,7 @@ class LowRankAttention(nn.Module):
         kind=None,
     ):
         super().__init__()
-        attention = _renamed_kind(attention, kind)
+        attention = renamed_keyword("kind", "attention", kind, attention, reason=_KIND_REASON)
         value = resolve_learned(value)
         if attention not in ("softmax", "linear"):
             raise ValueError(
@@ -238,7 +229,7 @@ class StaticTokenMixer(nn.Module):
         kind=None,
     ):
         super().__init__()
-        attention = _renamed_kind(attention, kind)
+        attention = renamed_keyword("kind", "attention", kind, attention, reason=_KIND_REASON)
         value = resolve_learned(value)
         if attention not in ("softmax", "linear"):
             raise ValueError(

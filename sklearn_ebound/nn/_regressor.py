@@ -10,9 +10,7 @@ from sklearn.metrics import r2_score
 from sklearn.utils import check_array, check_random_state
 from sklearn.utils._param_validation import (
     Interval,
-    InvalidParameterError,
     StrOptions,
-    make_constraint,
     validate_parameter_constraints,
 )
 from sklearn.utils.validation import check_is_fitted
@@ -31,48 +29,6 @@ from ._modules import LowRankAttention, StaticTokenMixer, resolve_learned
 __all__ = ["LowRankAttentionRegressor"]
 
 _STATIC = ("static", "static_softmax")
-
-
-class _Options(StrOptions):
-    """String options listed in their declared order in every message (a set has none)."""
-
-    def __init__(self, *options, deprecated=()):
-        super().__init__(set(options), deprecated=set(deprecated))
-        self.options = options
-
-
-def _short_rule(name, value, constraints):
-    """The rule ``value`` breaks, in the package's short form.
-
-    A number names its bound or its type (``rank == -1, must be >= 0``); anything else lists
-    the accepted forms (``value must be 'learned', 'identity', None or an array-like``).
-    """
-    constraints = [make_constraint(constraint) for constraint in constraints]
-    intervals = [c for c in constraints if isinstance(c, Interval)]
-    if intervals:
-        interval, none = intervals[0], any(c.is_satisfied_by(None) for c in constraints)
-        if not isinstance(value, interval.type):
-            type_name = "int" if interval.type is Integral else "float"
-            return (f"{name} must be an instance of {type_name}{' or None' if none else ''}, "
-                    f"not {type(value).__name__}")
-        closed_left = interval.closed in ("left", "both")
-        if interval.left is not None and not (
-            value > interval.left or (closed_left and value == interval.left)
-        ):
-            return f"{name} == {value}, must be {'>=' if closed_left else '>'} {interval.left}"
-        closed_right = interval.closed in ("right", "both")
-        return f"{name} == {value}, must be {'<=' if closed_right else '<'} {interval.right}"
-    forms = []
-    for constraint in constraints:
-        if isinstance(constraint, StrOptions):
-            forms += [repr(option) for option in constraint.options]
-        else:
-            forms.append(str(constraint))
-    if len(constraints) == 1 and isinstance(constraints[0], StrOptions):
-        return f"`{name}` must be one of ({', '.join(forms)})"
-    if len(forms) == 1:
-        return f"`{name}` must be {forms[0]}"
-    return f"`{name}` must be {', '.join(forms[:-1])} or {forms[-1]}"
 
 
 @contextmanager
@@ -237,8 +193,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
 
     _parameter_constraints = {
         "rank": [Interval(Integral, 0, None, closed="left"), None],
-        "attention": [_Options("softmax", "linear", *_STATIC)],
-        "value": [_Options("learned", "identity", deprecated=("learned",)), None, "array-like"],
+        "attention": [StrOptions({"softmax", "linear", *_STATIC})],
+        "value": [StrOptions({"learned", "identity"}, deprecated={"learned"}), None, "array-like"],
         "init_scale": [Interval(Real, 0, None, closed="neither")],
         "logit_scale": [Interval(Real, 0, None, closed="left")],
         "random_state": ["random_state"],
@@ -467,21 +423,17 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     def _validate_parameter_constraints(self):
         """Enforce ``_parameter_constraints`` with scikit-learn's parameter validation.
 
-        scikit-learn's message (the parameter, its accepted forms, the value given) is followed
-        by the rule in short form; ``sklearn.set_config(skip_parameter_validation=True)`` skips
-        the check, as it does for scikit-learn's estimators.
+        scikit-learn's message names the parameter, its accepted forms and the value given;
+        ``sklearn.set_config(skip_parameter_validation=True)`` skips the check, as it does for
+        scikit-learn's estimators.
         """
         if get_config()["skip_parameter_validation"]:
             return
-        for name, constraints in self._parameter_constraints.items():
-            value = getattr(self, name)
-            try:
-                validate_parameter_constraints(
-                    {name: constraints}, {name: value}, caller_name=type(self).__name__
-                )
-            except InvalidParameterError as exc:
-                rule = _short_rule(name, value, constraints)
-                raise InvalidParameterError(f"{str(exc).rstrip('.')}: {rule}.") from None
+        validate_parameter_constraints(
+            self._parameter_constraints,
+            {name: getattr(self, name) for name in self._parameter_constraints},
+            caller_name=type(self).__name__,
+        )
         # stacklevel 5: the warning points at the caller of fit or partial_fit.
         resolve_learned(self.value, stacklevel=5)
 
