@@ -28,7 +28,9 @@ from _timing import best_time
 from sklearn.linear_model import LinearRegression
 
 from sklearn_ebound import IntrinsicRankEstimator
+from sklearn_ebound._least_squares import solve_static
 from sklearn_ebound._moments import Moments
+from sklearn_ebound._rank_rules import threshold_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scaling.json"
@@ -55,8 +57,9 @@ def chunks(n_rows, p, q, chunk_rows, seed=0):
 
 
 def _rank_from_moments(moments):
-    """The default criterion's rank read from accumulated moments (the estimator's own step)."""
-    return IntrinsicRankEstimator()._read_static(moments).rank_
+    """The default criterion's rank read from accumulated moments (the estimator's own rule)."""
+    significance = IntrinsicRankEstimator().significance
+    return threshold_rule(moments, solve_static(moments), significance).rank
 
 
 def stream_fit(n_rows, p, q, chunk_rows):
