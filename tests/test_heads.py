@@ -289,9 +289,11 @@ def test_result_plots():
     import matplotlib.pyplot as plt
 
     result = _small_result()
-    ax = result.plot_heatmap("kernel_energy_rank_90")
+    with pytest.warns(FutureWarning):  # the methods now wrap the displays
+        ax = result.plot_heatmap("kernel_energy_rank_90")
     assert ax.get_xlabel() == "head"
-    ax = result.plot_spectrum(1, 0)
+    with pytest.warns(FutureWarning):
+        ax = result.plot_spectrum(1, 0)
     assert len(ax.get_legend().get_texts()) == 2
     plt.close("all")
 
