@@ -123,3 +123,41 @@ def test_fewer_residual_dof_than_targets_warns_and_still_answers():
                             random_state=0)
     with _no_warning():
         assert IntrinsicRankEstimator().fit(X, Y).rank_ == 2
+
+
+def test_one_table_decides_which_criterion_reads_which_statistics():
+    # The table of statistics kinds is what the errors and the docstring are written from:
+    # every criterion it allows reads a rank, every other one is refused with its reason.
+    import re
+    import warnings
+
+    from sklearn_ebound._rank_statistics import STATISTICS
+    from sklearn_ebound.datasets import make_attention_task
+
+    X, Y = make_static_task(300, 6, 5, rank=2, noise=0.3, random_state=0)
+    Xs, Ys = make_attention_task("linear", 60, 8, 4, rank=2, value="identity", noise=0.05,
+                                 random_state=0)
+    data = {
+        "inputs": (X, None, {}),
+        "static": (X, Y, {}),
+        "token_mixing": (Xs, Ys, {"operator": "static"}),
+        "per_token": (Xs, Ys, {"operator": "attention", "attention": "linear"}),
+        "kernel": (Xs, Ys, {"operator": "attention", "attention": "linear",
+                            "value": "identity"}),
+    }
+    assert set(data) == set(STATISTICS)
+    for name, (inputs, targets, params) in data.items():
+        entry = STATISTICS[name]
+        for criterion in ("threshold", "rsc", "cv", "energy"):
+            estimator = IntrinsicRankEstimator(criterion=criterion, cv=3, **params)
+            if criterion in entry.criteria:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RankEstimationWarning)
+                    rank = estimator.fit(inputs, targets).rank_
+                assert isinstance(rank, int) and rank >= 0
+            else:
+                with pytest.raises(ValueError, match=f"criterion='{criterion}' is not available"
+                                                     f".*{re.escape(entry.why)}"):
+                    estimator.fit(inputs, targets)
+        row = f"{entry.data}  " + ", ".join(f'``"{c}"``' for c in entry.criteria)
+        assert " ".join(row.split()) in " ".join(IntrinsicRankEstimator.__doc__.split())
