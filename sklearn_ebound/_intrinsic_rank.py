@@ -82,12 +82,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     Parameters
     ----------
-    operator : {"static", "attention"}, default="static"
-        The operator whose rank is read. ``"static"``: the linear operator ``Y ~ X B`` of 2-D
-        data (scalar-token sequences: the token-mixing matrix); on 3-D data, the naive static
-        transfer, one token-mixing matrix ``Y_s ~ M X_s`` for all sequences and channels (its
-        rank does not describe attention; kept to show why). ``"attention"``: the rank of the
-        query–key kernel of 3-D sequence data.
+    operator : {"auto", "static", "attention"}, default="auto"
+        The operator whose rank is read. ``"auto"``: static for 2-D data, attention for 3-D
+        sequences. ``"static"``: the linear operator ``Y ~ X B`` of 2-D data (scalar-token
+        sequences: the token-mixing matrix); asked for on 3-D data, the naive static transfer,
+        one token-mixing matrix ``Y_s ~ M X_s`` for all sequences and channels (its rank does
+        not describe attention; kept to show why). ``"attention"``: the rank of the query–key
+        kernel of 3-D sequence data.
     attention : {"softmax", "linear"}, default="softmax"
         The attention class, for ``operator="attention"``.
     value : None, "identity" or array-like of shape (n_targets, n_features), default=None
@@ -186,7 +187,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     """.replace("{criteria_table}", indent(criteria_table(), " " * 8))
 
     _parameter_constraints = {
-        "operator": [StrOptions({"static", "attention"})],
+        "operator": [StrOptions({"auto", "static", "attention"})],
         "attention": [StrOptions({"softmax", "linear"})],
         "value": [None, StrOptions({"identity"}), "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
@@ -197,7 +198,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "fit_intercept": ["boolean"],
     }
 
-    def __init__(self, operator="static", *, attention="softmax", value=None,
+    def __init__(self, operator="auto", *, attention="softmax", value=None,
                  criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True):
         self.operator = operator
         self.attention = attention

@@ -47,12 +47,12 @@ STATISTICS = {
         ("threshold", "rsc", "energy"),
         "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
     "per_token": Statistics(
-        "sequences, ``operator='attention'``, ``value=None``",
+        "sequences, ``operator='auto'`` or ``'attention'``, ``value=None``",
         "the per-token channel operator ``y_i ~ V Sigma Wᵀ x_i``",
         ("threshold", "rsc", "energy"),
         "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
     "kernel": Statistics(
-        "sequences, ``operator='attention'``, known ``value``",
+        "sequences, ``operator='auto'`` or ``'attention'``, known ``value``",
         "the query–key kernel's least squares ``y_i = V S Wᵀ x_i``", ("threshold", "energy"),
         "the kernel's least squares has no reduced-rank path, so 'rsc' and 'cv' are not "
         "available with a known value map"),
@@ -102,6 +102,11 @@ def _statistics_name(X, Y, operator, value):
             raise ValueError(
                 f"`{name}` must be 2-D (n_samples, n_features) or 3-D sequences (n_samples, "
                 f"n_tokens, n_channels). Got a {_n_dims(array)}-D array.")
+    if operator == "auto":  # sequences have an attention-native rank; 2-D data a static one
+        if Y is not None and (_n_dims(X) == 3) != (_n_dims(Y) == 3):
+            operator = "static"  # mixed forms: the error below names both
+        else:
+            operator = "attention" if _n_dims(X) == 3 else "static"
     if Y is not None and operator == "static" and (_n_dims(X) == 3) != (_n_dims(Y) == 3):
         raise ValueError(
             "`X` and `Y` must both be 2-D (n_samples, n_features) or both be 3-D sequences "

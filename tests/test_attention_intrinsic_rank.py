@@ -148,3 +148,17 @@ def test_short_sequences_with_an_unknown_value_map_warn(n_tokens, value, warns):
     assert bool(short) == warns
     if warns:
         assert issubclass(short[0].category, RankEstimationWarning)
+
+
+def test_sequences_read_the_attention_native_rank_unless_static_is_asked_for():
+    # The default, operator="auto", never reads the failing static rank of sequence data.
+    X, Y = make_attention_task("softmax", 512, 32, 6, rank=2, value="random", random_state=0)
+    default = IntrinsicRankEstimator().fit(X, Y)
+    native = IntrinsicRankEstimator("attention").fit(X, Y)
+    static = IntrinsicRankEstimator("static").fit(X, Y)
+    assert default.rank_ == native.rank_ == 2 != static.rank_
+    np.testing.assert_array_equal(default.singular_values_, native.singular_values_)
+    # 2-D data keep the static reading.
+    X2, Y2 = X[:, 0], Y[:, 0]
+    np.testing.assert_array_equal(IntrinsicRankEstimator().fit(X2, Y2).singular_values_,
+                                  IntrinsicRankEstimator("static").fit(X2, Y2).singular_values_)

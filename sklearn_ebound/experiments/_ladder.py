@@ -111,7 +111,7 @@ def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
 
     X, Y, params = make_static_mixing_task("linear", **sizes, random_state=rng,
                                            return_params=True)
-    row(0, None, X, Y, params, IntrinsicRankEstimator().fit(X, Y).rank_)
+    row(0, None, X, Y, params, IntrinsicRankEstimator("static").fit(X, Y).rank_)
     constrained = ReducedRankRegressorCV().fit(*token_mixing_data(X, Y))
     row(1, None, X, Y, params, constrained.rank_)
     for beta in logit_scales:
@@ -126,6 +126,6 @@ def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
                 warnings.simplefilter("ignore", RankEstimationWarning)
                 native = IntrinsicRankEstimator("attention", attention=attention,
                                                 value="identity").fit(X, Y)
-            row(rung, beta, X, Y, params, IntrinsicRankEstimator().fit(X, Y).rank_,
+            row(rung, beta, X, Y, params, IntrinsicRankEstimator("static").fit(X, Y).rank_,
                 native.rank_)
     return LadderResult(rows, **sizes, tau=tau, solved_tolerance=solved_tolerance)
