@@ -2,11 +2,15 @@
 
 Build with ``make html`` in this folder, or from the repository root::
 
-    sphinx-build -W -b html docs docs/_build/html
+    EBOUND_EXAMPLE_SIZE=small sphinx-build -W -b html docs docs/_build/html
 
-The example gallery is rendered from ``examples/`` without running the scripts (the test
-suite runs them). To run them and embed their output and figures, add
-``-D plot_gallery=1`` (``make html-examples``).
+The build runs every example of the gallery (``examples/plot_*.py``) and embeds what it
+prints and draws. ``EBOUND_EXAMPLE_SIZE=small`` runs them on the small problems of the test
+suite; without it they run at their full size, in about twice the time. ``-D plot_gallery=0``
+(``make html-noplot``) renders the examples as code only, without running them.
+
+A later build reruns only the examples that changed, unless the size changed too: the size of
+the last run is kept beside the gallery's pages (``auto_examples/.example_size``).
 """
 
 import os
@@ -45,9 +49,18 @@ numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 
-# The gallery. `plot_gallery` is False by default: the examples are executed by the test
-# suite (tests/test_examples.py); pass ``-D plot_gallery=1`` to run them here too.
-plot_gallery = "False"
+# The gallery runs every example (sphinx-gallery's `plot_gallery`, on unless
+# ``-D plot_gallery=0``) at the size the examples read from EBOUND_EXAMPLE_SIZE.
+plot_gallery = "True"
+EXAMPLE_SIZE = "small" if os.environ.get("EBOUND_EXAMPLE_SIZE") == "small" else "full"
+_SIZE_FILE = Path(__file__).resolve().parent / "auto_examples" / ".example_size"
+
+
+def _last_example_size():
+    """The size the gallery's examples last ran at, or None before the first run."""
+    return _SIZE_FILE.read_text().strip() if _SIZE_FILE.is_file() else None
+
+
 sphinx_gallery_conf = {
     "examples_dirs": "../examples",
     "gallery_dirs": "auto_examples",
@@ -58,8 +71,10 @@ sphinx_gallery_conf = {
     "remove_config_comments": True,
     # No sg_execution_times.rst in the source folder.
     "write_computation_times": False,
+    # sphinx-gallery skips an example whose source has not changed since it last ran; its
+    # output is stale too when it ran at another size.
+    "run_stale_examples": _last_example_size() != EXAMPLE_SIZE,
 }
-
 
 
 def _skip_metadata_request_methods(app, what, name, obj, skip, options):
@@ -70,8 +85,16 @@ def _skip_metadata_request_methods(app, what, name, obj, skip, options):
     return None
 
 
+def _record_example_size(app, exception):
+    # Only a build that ran the examples, to its end, makes their output of this size.
+    if exception is None and app.config.sphinx_gallery_conf["plot_gallery"]:
+        _SIZE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        _SIZE_FILE.write_text(EXAMPLE_SIZE + "\n")
+
+
 def setup(app):
     app.connect("autodoc-skip-member", _skip_metadata_request_methods)
+    app.connect("build-finished", _record_example_size)
 
 
 html_theme = "pydata_sphinx_theme"
