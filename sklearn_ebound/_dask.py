@@ -4,7 +4,9 @@ Only imported names from dask are used inside the functions, so dask stays an op
 (``pip install "sklearn-ebound[dask]"``).
 """
 
-__all__ = ["is_dask_array", "dask_sample_blocks", "tree_merge", "reduce_blocks"]
+import copy
+
+__all__ = ["is_dask_array", "dask_sample_blocks", "tree_merge", "dask_statistics"]
 
 
 def is_dask_array(array):
@@ -48,10 +50,22 @@ def tree_merge(parts):
     return parts[0]
 
 
-def reduce_blocks(block_statistics, blocks_x, blocks_y):
-    """``block_statistics(x, y)`` of every pair of blocks, one task each, merged as a tree and
-    computed on the current dask scheduler."""
+def dask_statistics(X, Y, start, add):
+    """Statistics of dask arrays ``X`` and ``Y``, reduced on the current dask scheduler.
+
+    ``start(x, y)`` makes the empty statistics from the first block of samples (validating and
+    sizing them there); ``add(statistics, x, y)`` adds a block to a copy of them. Every block is
+    one task and the results are merged as a tree, so nothing but the statistics leaves a worker.
+    """
     import dask
+
+    blocks_x, blocks_y = dask_sample_blocks(X, Y)
+    first_x = blocks_x[0].compute() if hasattr(blocks_x[0], "compute") else blocks_x[0]
+    first_y = None if Y is None else blocks_y[0].compute()
+    template = start(first_x, first_y)
+
+    def block_statistics(x, y):  # on the worker: a fresh copy of the empty statistics
+        return add(copy.deepcopy(template), x, y)
 
     parts = [dask.delayed(block_statistics)(bx, by)
              for bx, by in zip(blocks_x, blocks_y, strict=True)]

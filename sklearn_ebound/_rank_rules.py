@@ -1,6 +1,7 @@
 """Rank rules: read a rank from solved statistics, as pure functions.
 
-Each rule takes what the statistics were solved for (the least-squares operator of
+:func:`read_rank` solves the statistics and calls the rule the criterion names. Each rule
+takes what the statistics were solved for (the least-squares operator of
 :mod:`._least_squares` and its moments, the spectrum of the inputs, the query–key kernel's
 least squares) and returns a :class:`RankReading`. No rule sets state or warns: what the
 estimator should warn about travels in ``RankReading.caveats``.
@@ -13,7 +14,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._least_squares import canonical_correlations
+from ._least_squares import (
+    canonical_correlations,
+    input_spectrum,
+    orthonormal_directions,
+    solve_static,
+)
 from ._null_edges import (
     edge_matched_noise_covariance,
     largest_eigenvalue_law,
@@ -28,6 +34,7 @@ from ._reduced_rank import rank_path_scores
 from ._spectrum import energy_rank
 
 __all__ = [
+    "read_rank",
     "NotEnoughData",
     "RankReading",
     "fitted_spectrum",
@@ -42,6 +49,53 @@ __all__ = [
     "logit_caveat",
     "short_sequence_caveat",
 ]
+
+
+def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
+              cv_data=None, n_tokens=None):
+    """Solve the statistics ``name`` (of :mod:`._rank_statistics`) and read their rank.
+
+    Returns the :class:`RankReading`, the spectrum whose energy the components carry, the
+    orthonormal input directions of the rank (rows), the input means, and the kernel's least
+    squares (``None`` but for ``name="kernel"``). ``cv_data`` is the ``(X, Y)`` of
+    ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data.
+    """
+    kernel = None
+    if name == "kernel":
+        kernel = statistics.solve()
+        U, s, _ = np.linalg.svd(kernel.kernel)
+        reading = kernel_rule(kernel, s, criterion, tau)
+        components = U[:, : reading.rank].T.copy()
+        mean = np.zeros(U.shape[0])
+    else:
+        if statistics.n < 2:
+            raise NotEnoughData("At least 2 samples are needed to read a rank; got "
+                                f"{statistics.n} so far.")
+        mean = statistics.mean_x.copy()
+        if name == "inputs":
+            s, directions = input_spectrum(statistics)
+            reading = input_rule(s, statistics, criterion, tau)
+            directions = directions[:, : reading.rank]
+        else:
+            operator = solve_static(statistics)
+            s = fitted_spectrum(operator)
+            reading = static_rule(criterion, statistics, operator, significance, tau, cv_data,
+                                  cv, fit_intercept)
+            # Input directions of the rank-r operator B V_r, the reduced-rank factors.
+            directions = operator.coef @ operator.output_directions[:, : reading.rank]
+        components = orthonormal_directions(directions)
+    caveats = list(reading.caveats)
+    if kernel is not None and attention == "softmax":
+        caveats.append(logit_caveat(kernel.logit_rms))
+    # The model is only approximate for softmax and for an unknown value map: its error is
+    # systematic, so the threshold's rank is capped by the energy of what passed.
+    approximate = name == "per_token" or (name == "kernel" and attention == "softmax")
+    if approximate and criterion == "threshold":
+        reading = cap_by_energy(reading, s, tau)
+        if name == "per_token":
+            caveats.append(short_sequence_caveat(n_tokens, tau))
+    reading = replace(reading, caveats=tuple(c for c in caveats if c))
+    return reading, s, components[: reading.rank], mean, kernel
 
 
 class NotEnoughData(ValueError):
