@@ -2,10 +2,9 @@
 
 The estimator does the plumbing (validation, dask, the power-of-two scaling of the data and
 its undoing), chooses the statistics (:mod:`._rank_statistics`), calls one rank rule
-(:mod:`._rank_rules`) and assigns every fitted attribute in one place.
+(:func:`._rank_rules.read_rank`) and assigns every fitted attribute in one place.
 """
 
-import copy
 import warnings
 from numbers import Real
 from textwrap import indent
@@ -20,18 +19,8 @@ from sklearn.base import (
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._dask import dask_sample_blocks, is_dask_array, reduce_blocks
-from ._least_squares import input_spectrum, orthonormal_directions, solve_static
-from ._rank_rules import (
-    NotEnoughData,
-    cap_by_energy,
-    fitted_spectrum,
-    input_rule,
-    kernel_rule,
-    logit_caveat,
-    short_sequence_caveat,
-    static_rule,
-)
+from ._dask import dask_statistics, is_dask_array
+from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
     choose_statistics,
@@ -44,7 +33,7 @@ from .exceptions import RankEstimationWarning
 
 __all__ = ["IntrinsicRankEstimator"]
 
-# Fitted attributes that only some statistics or criteria set: a new fit clears them.
+# Fitted attributes that only some statistics or criteria set.
 _OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_seen_")
 
 
@@ -158,8 +147,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     logit_rms_ : float, only with a known value map
         Root-mean-square of the fitted attention logits.
     explained_energy_ : ndarray
-        Fraction of the operator's energy (sum of squared singular values of the fitted values)
-        carried by each component.
+        Fraction of the operator's energy (squared singular values) carried by each component.
     cv_results_ : dict, only for ``criterion="cv"``
         ``"rank"`` and ``"mean_test_score"``/``"std_test_score"`` (negative mean squared error).
     mean_ : ndarray of shape (n_features,)
@@ -216,8 +204,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or (n_samples, n_tokens, n_features)
-            Also a dask array, whose moments are then computed as dask reductions on any
-            scheduler (a ``dask.distributed`` cluster included).
+            Also a dask array: its moments are reduced block by block on any dask scheduler.
         y : array-like of shape (n_samples, n_targets) or (n_samples, n_tokens, n_targets), \
                 default=None
             Targets; without them the rank of ``X`` itself is read (2-D data only).
@@ -226,7 +213,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         -------
         self : object
         """
-        self._statistics = None
+        self._reset()
         if is_dask_array(X):
             if self.criterion == "cv":
                 raise ValueError(f"{CV_NEEDS_ALL_DATA}; with dask arrays use 'threshold', "
@@ -257,7 +244,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """
         if getattr(self, "_statistics", None) is None:
             self._validate_params()
-            self._statistics = None
+            self._reset()
         if self.criterion == "cv":
             raise ValueError(f"{CV_NEEDS_ALL_DATA}; use fit, or another criterion with "
                              "partial_fit.")
@@ -279,13 +266,24 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Returns
         -------
         X_new : ndarray of shape (n_samples, rank) or (n_samples, n_tokens, rank)
+            Of ``X``'s dtype for float32 and float64 input.
         """
         check_is_fitted(self)
         if self._sequences:
             X = check_sequences(X, "X", [np.float64, np.float32], self.n_features_in_, self)
         else:
             X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
-        return (X - self.mean_) @ self.components_.T
+        # float32 in, float32 out: X_new = (X - mean) C^T in the input's precision.
+        return (X - self.mean_.astype(X.dtype)) @ self.components_.T.astype(X.dtype)
+
+    def fit_transform(self, X, y=None):
+        """Fit, then project ``X`` (see :meth:`transform`); warns where the rank is 0."""
+        X_new = self.fit(X, y).transform(X)
+        if self.rank_ == 0:
+            warnings.warn(f"The intrinsic rank is 0: no direction stands above the noise, so the "
+                          f"projection has no column (shape {X_new.shape}); a next step that "
+                          "needs features will reject it.", RankEstimationWarning, stacklevel=2)
+        return X_new
 
     @property
     def _n_features_out(self):
@@ -296,7 +294,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     def _accumulate(self, X, y, min_samples):
         first = self._statistics is None
         if first:
-            self._fit_mode = self._choose_statistics(X, y)
+            self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
         elif (y is None) != (self._fit_mode == "inputs"):
             raise ValueError("Every chunk must come with targets `y`, or none of them.")
         X2, Y2 = self._validate_chunk(X, y, first, min_samples)
@@ -305,10 +303,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                 self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept)
         self._statistics.update(*statistic_rows(self._fit_mode, X2, Y2, self.attention))
 
-    def _choose_statistics(self, X, y):
-        for name in _OPTIONAL_ATTRIBUTES:
+    def _reset(self):
+        self._statistics = None
+        for name in _OPTIONAL_ATTRIBUTES:  # set by some statistics or criteria only
             self.__dict__.pop(name, None)
-        return choose_statistics(X, y, self.operator, self.value, self.criterion)
 
     def _validate_chunk(self, X, y, reset, min_samples=1):
         if self._fit_mode in ("inputs", "static"):
@@ -342,21 +340,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _accumulate_dask(self, X, y):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
-        self._fit_mode = mode = self._choose_statistics(X, y)
-        blocks_x, blocks_y = dask_sample_blocks(X, y)
-        # Validate and size from the first block, then reduce every block on the cluster.
-        first_x = blocks_x[0].compute() if hasattr(blocks_x[0], "compute") else blocks_x[0]
-        first_y = None if y is None else blocks_y[0].compute()
-        template, self._scales = new_statistics(
-            mode, *self._validate_chunk(first_x, first_y, True), self.attention, self.value,
-            self.fit_intercept)
+        self._fit_mode = mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
         attention = self.attention
 
-        def block_statistics(xb, yb):
-            xb, yb = self._validate_chunk(xb, yb, False)
-            return copy.deepcopy(template).update(*statistic_rows(mode, xb, yb, attention))
+        def start(first_x, first_y):  # validates and sizes from the first block
+            statistics, self._scales = new_statistics(
+                mode, *self._validate_chunk(first_x, first_y, True), attention, self.value,
+                self.fit_intercept)
+            return statistics
 
-        self._statistics = reduce_blocks(block_statistics, blocks_x, blocks_y)
+        def add(statistics, xb, yb):
+            return statistics.update(
+                *statistic_rows(mode, *self._validate_chunk(xb, yb, False), attention))
+
+        self._statistics = dask_statistics(X, y, start, add)
         if X.shape[0] < 2:
             raise ValueError(f"Found array with {X.shape[0]} sample(s) while a minimum of 2 is "
                              "required.")
@@ -369,43 +366,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     # --- reading the rank --------------------------------------------------------------------
 
     def _read(self, cv_data=None):
-        """Solve the statistics, read the rank with the criterion's rule, set the attributes."""
-        mode, statistics, kernel = self._fit_mode, self._statistics, None
-        if mode == "kernel":
-            kernel = statistics.solve()
-            U, s, _ = np.linalg.svd(kernel.kernel)
-            reading = kernel_rule(kernel, s, self.criterion, self.tau)
-            components = U[:, : reading.rank].T.copy()
-            mean = np.zeros(self.n_features_in_)
-        else:
-            if statistics.n < 2:
-                raise NotEnoughData("At least 2 samples are needed to read a rank; got "
-                                    f"{statistics.n} so far.")
-            mean = statistics.mean_x.copy()
-            if mode == "inputs":
-                s, directions = input_spectrum(statistics)
-                reading = input_rule(s, statistics, self.criterion, self.tau)
-                directions = directions[:, : reading.rank]
-            else:
-                operator = solve_static(statistics)
-                s = fitted_spectrum(operator)
-                reading = static_rule(self.criterion, statistics, operator, self.significance,
-                                      self.tau, cv_data, self.cv, self.fit_intercept)
-                # Input directions of the rank-r operator B V_r, the reduced-rank factors.
-                directions = operator.coef @ operator.output_directions[:, : reading.rank]
-            components = orthonormal_directions(directions)
-        caveats = list(reading.caveats)
-        if kernel is not None and self.attention == "softmax":
-            caveats.append(logit_caveat(kernel.logit_rms))
-        # The model is only approximate for softmax and for an unknown value map: its error is
-        # systematic, so the threshold's rank is capped by the energy of what passed.
-        approximate = mode == "per_token" or (mode == "kernel" and self.attention == "softmax")
-        if approximate and self.criterion == "threshold":
-            reading = cap_by_energy(reading, s, self.tau)
-            if mode == "per_token":
-                caveats.append(short_sequence_caveat(self._sequence_shape[0], self.tau))
-        self._set_fitted_attributes(reading, s, components[: reading.rank], mean, kernel)
-        for caveat in filter(None, [*caveats, self._overflow_caveat()]):
+        """Read the rank by the criterion's rule and set every fitted attribute from it."""
+        reading, s, components, mean, kernel = read_rank(
+            self._fit_mode, self._statistics, self.criterion, significance=self.significance,
+            tau=self.tau, attention=self.attention, cv=self.cv, cv_data=cv_data,
+            fit_intercept=self.fit_intercept,
+            n_tokens=self._sequence_shape[0] if self._sequences else None)
+        self._set_fitted_attributes(reading, s, components, mean, kernel)
+        for caveat in filter(None, [*reading.caveats, self._overflow_caveat()]):
             warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
         return self
 
@@ -446,4 +414,5 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         tags = super().__sklearn_tags__()
         tags.target_tags.required = False
         tags.target_tags.multi_output = True
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]
         return tags

@@ -71,10 +71,13 @@ class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
         Returns
         -------
         Y : ndarray of shape (n_samples, n_targets) or (n_samples,)
+            Of ``X``'s dtype for float32 and float64 input.
         """
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False)
-        return X @ self.coef_.T + self.intercept_
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        # float32 in, float32 out: the operator is rounded once to the input's precision.
+        coef = self.coef_.astype(X.dtype, copy=False)
+        return X @ coef.T + np.asarray(self.intercept_, dtype=X.dtype)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

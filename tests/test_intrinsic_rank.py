@@ -161,3 +161,34 @@ def test_one_table_decides_which_criterion_reads_which_statistics():
                     estimator.fit(inputs, targets)
         row = f"{entry.data}  " + ", ".join(f'``"{c}"``' for c in entry.criteria)
         assert " ".join(row.split()) in " ".join(IntrinsicRankEstimator.__doc__.split())
+
+
+def test_float32_in_float32_out():
+    X, Y = make_static_task(400, 8, 5, rank=2, noise=0.3, random_state=0)
+    X32, Y32 = X.astype(np.float32), Y.astype(np.float32)
+    estimator = IntrinsicRankEstimator().fit(X32, Y32)
+    projected = estimator.transform(X32)
+    assert projected.dtype == np.float32 and estimator.transform(X).dtype == np.float64
+    np.testing.assert_allclose(projected, estimator.transform(X), rtol=1e-4, atol=1e-5)
+    regressor = ReducedRankRegressor(rank=2).fit(X32, Y32)
+    assert regressor.predict(X32).dtype == np.float32
+    assert regressor.predict(X).dtype == np.float64
+    assert ReducedRankRegressor(rank=1).fit(X32, Y32[:, 0]).predict(X32).dtype == np.float32
+
+
+def test_pandas_output():
+    pd = pytest.importorskip("pandas")
+    X, Y = make_static_task(400, 8, 5, rank=2, noise=0.3, random_state=0)
+    frame = IntrinsicRankEstimator().set_output(transform="pandas").fit(X, Y).transform(X)
+    assert isinstance(frame, pd.DataFrame)
+    assert list(frame.columns) == ["intrinsicrankestimator0", "intrinsicrankestimator1"]
+
+
+def test_rank_zero_in_a_pipeline_is_said_in_the_estimators_words():
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((300, 6)), rng.standard_normal((300, 3))
+    pipe = make_pipeline(IntrinsicRankEstimator(), Ridge())
+    with pytest.warns(RankEstimationWarning, match=r"intrinsic rank is 0.*shape \(300, 0\)"):
+        with pytest.raises(ValueError, match="0 feature"):
+            pipe.fit(X, Y)
+    assert IntrinsicRankEstimator().fit(X, Y).transform(X).shape == (300, 0)
