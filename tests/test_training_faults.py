@@ -97,3 +97,18 @@ def test_keyboard_interrupt_propagates_instead_of_a_partly_trained_model():
     with pytest.raises(KeyboardInterrupt, match="after 3 epoch"):
         net.fit(X, Y)
     assert len(net.history_) == 3  # the partial module is still there to inspect
+
+
+def test_training_that_stops_while_the_loss_falls_warns():
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, Y = make_attention_task("softmax", 256, 16, 6, rank=3, value="random", logit_scale=2.0,
+                               noise=0.1, random_state=0)
+    params = dict(rank=3, attention="softmax", lr=0.05, batch_size=-1, random_state=0)
+    with pytest.warns(ConvergenceWarning, match=r"`max_epochs` \(now 40\) or `lr` \(now 0.05\)"):
+        LowRankAttentionRegressor(max_epochs=40, **params).fit(X, Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        LowRankAttentionRegressor(max_epochs=150, **params).fit(X, Y)  # settled: no warning
+        LowRankAttentionRegressor(max_epochs=40, callbacks__convergence_check=None,
+                                  **params).fit(X, Y)

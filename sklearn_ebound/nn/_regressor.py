@@ -23,7 +23,7 @@ from torch.utils.data import Dataset as TorchDataset
 from .._spectrum import energy_rank
 from .._validation import check_sequences
 from ..exceptions import TrainingDivergedError
-from ._callbacks import DivergenceCheck
+from ._callbacks import ConvergenceCheck, DivergenceCheck
 from ._modules import LowRankAttention, StaticTokenMixer, resolve_learned
 
 __all__ = ["LowRankAttentionRegressor"]
@@ -117,9 +117,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     **kwargs
         Any other parameter of :class:`skorch.NeuralNetRegressor` (``callbacks``,
         ``criterion``, ``warm_start``, ``iterator_train__shuffle``, ...). Training batches
-        are shuffled unless ``iterator_train__shuffle=False`` is given. The default callback
-        ``"divergence_check"`` (:class:`DivergenceCheck`) is turned off by
-        ``callbacks__divergence_check=None``.
+        are shuffled unless ``iterator_train__shuffle=False`` is given. The default callbacks
+        ``"divergence_check"`` (:class:`DivergenceCheck`) and ``"convergence_check"``
+        (:class:`ConvergenceCheck`, a warning when the loss is still falling at the last
+        epoch) are turned off by ``callbacks__divergence_check=None`` and
+        ``callbacks__convergence_check=None``.
 
     Attributes
     ----------
@@ -241,8 +243,9 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
 
     @property
     def _default_callbacks(self):
-        # skorch's defaults (epoch timer, loss recording, printing) and the divergence check.
-        return [*super()._default_callbacks, ("divergence_check", DivergenceCheck())]
+        # skorch's defaults (epoch timer, loss recording, printing) and the two checks.
+        return [*super()._default_callbacks, ("divergence_check", DivergenceCheck()),
+                ("convergence_check", ConvergenceCheck())]
 
     # `fit` and `partial_fit` are overridden, not hooked: skorch builds the module in
     # `initialize` before any hook sees the data, and the module's sizes are the data's.
