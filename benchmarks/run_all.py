@@ -20,6 +20,7 @@ QUICK = {
     "bench_null_calibration.py": ["--quick", "--n-jobs", "1"],
     "bench_scaling.py": ["--quick"],
     "bench_attention_scale.py": ["--quick"],
+    "bench_cli_startup.py": ["--repeats", "3"],
 }
 
 
