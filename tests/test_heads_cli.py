@@ -45,6 +45,29 @@ def test_heads_kernels_only(tiny_gpt2, tmp_path, capsys):
         assert (out / "spectrum_layer1_head3.png").stat().st_size > 0
 
 
+def test_heads_silences_transformers_for_the_command_only(tiny_gpt2, tmp_path, capsys,
+                                                          monkeypatch):
+    # No "Loading weights" bar nor loading notes in the command's output; transformers'
+    # own settings are back afterwards, for code that calls head_ranks itself.
+    from transformers.utils import logging as hf_logging
+
+    import sklearn_ebound.heads
+
+    seen = []
+    head_ranks = sklearn_ebound.heads.head_ranks
+
+    def spy(*args, **kwargs):
+        seen.append((hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()))
+        return head_ranks(*args, **kwargs)
+
+    monkeypatch.setattr(sklearn_ebound.heads, "head_ranks", spy)
+    before = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity())
+    assert _run(["heads", str(tiny_gpt2), "--out", str(tmp_path / "o")]) == 0
+    assert seen == [(False, hf_logging.ERROR)]
+    assert (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()) == before
+    assert "Loading weights" not in capsys.readouterr().err
+
+
 def test_heads_errors(tiny_gpt2, tmp_path):
     with pytest.raises(ValueError, match="not a directory with a Hugging Face config.json"):
         _run(["heads", str(tmp_path), "--out", str(tmp_path / "o")])

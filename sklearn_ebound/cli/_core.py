@@ -8,7 +8,9 @@ exit code 2.
 
 import argparse
 import json
+import math
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,8 @@ __all__ = [
     "add_common_options",
     "add_size_options",
     "emit",
+    "empty_columns",
+    "format_table",
     "non_negative_float",
     "out_dir",
     "positive_int",
@@ -98,23 +102,36 @@ def non_negative_float(text):
     return value
 
 
-def add_common_options(parser, json_only=False):
-    """``--seed``, ``--out``, ``--json``; ``--device`` and ``--n-jobs`` unless ``json_only``."""
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--out", default="ebound-out", help="output folder (default ebound-out)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
+def add_common_options(parser, json_only=False, out="ebound-out", out_help=None):
+    """``--seed``, ``--out``, ``--json``; ``--device`` and ``--n-jobs`` unless ``json_only``.
+
+    ``out`` is the default folder (None: write nothing unless ``--out`` is given) and
+    ``out_help`` the option's help text, which should quote the default.
+    """
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--out", default=out, metavar="DIR",
+                        help=out_help or "output folder (default: %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document instead of the report")
     if not json_only:
-        parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
-        parser.add_argument("--n-jobs", type=int, default=None, help="parallel jobs")
+        parser.add_argument("--device", default="cpu",
+                            help="torch device, e.g. cuda (default: %(default)s)")
+        parser.add_argument("--n-jobs", type=int, default=None,
+                            help="parallel jobs, -1 for every core (default: one)")
 
 
 def add_size_options(parser, n_samples, n_tokens, n_features, rank, noise):
     """The sizes of a planted task, with their defaults."""
-    parser.add_argument("--n-samples", type=positive_int, default=n_samples)
-    parser.add_argument("--n-tokens", type=positive_int, default=n_tokens)
-    parser.add_argument("--n-features", type=positive_int, default=n_features)
-    parser.add_argument("--rank", type=int, default=rank, help="planted rank")
-    parser.add_argument("--noise", type=non_negative_float, default=noise)
+    parser.add_argument("--n-samples", type=positive_int, default=n_samples,
+                        help="sequences (samples) of the task (default: %(default)s)")
+    parser.add_argument("--n-tokens", type=positive_int, default=n_tokens,
+                        help="tokens per sequence (default: %(default)s)")
+    parser.add_argument("--n-features", type=positive_int, default=n_features,
+                        help="channels (features) per token (default: %(default)s)")
+    parser.add_argument("--rank", type=int, default=rank,
+                        help="planted rank r* (default: %(default)s)")
+    parser.add_argument("--noise", type=non_negative_float, default=noise,
+                        help="noise standard deviation (default: %(default)s)")
 
 
 def set_threads():
@@ -150,6 +167,61 @@ def write_table(result, out, name):
 def emit(args, payload, text):
     """Print ``payload`` as JSON with ``--json``, else the report ``text``."""
     print(json.dumps(payload, indent=2) if args.json else text)
+
+
+def _cell(value, floatfmt):
+    """One table cell as text: ``-`` for a missing value (None or NaN)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        values = [format(float(v), ".3g") for v in np.ravel(value)]
+        return " ".join(values[:4]) + (" ..." if len(values) > 4 else "")
+    if value is None or (isinstance(value, (float, np.floating)) and math.isnan(value)):
+        return "-"
+    if isinstance(value, (float, np.floating)) and not math.isinf(value):
+        return format(float(value), floatfmt)
+    return str(value)
+
+
+def empty_columns(rows):
+    """The columns of ``rows`` (dicts) that are missing (None or NaN) in every row."""
+    columns = list(rows[0]) if rows else []
+    return [c for c in columns if all(_cell(row[c], "g") == "-" for row in rows)]
+
+
+def format_table(rows, columns=None, *, headers=None, wrap=None, floatfmt=".4g"):
+    """The ``columns`` of ``rows`` (dicts) as a fixed-width text table for a terminal.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The table, one dict per row.
+    columns : list of str, default=None
+        The columns shown, in order; ``None`` shows every column of the first row.
+    headers : dict, default=None
+        ``{column: header}`` for shorter headers than the column names.
+    wrap : dict, default=None
+        ``{column: width}``: text longer than ``width`` is wrapped onto further lines.
+    floatfmt : str, default=".4g"
+        Format of the numbers.
+    """
+    columns = list(rows[0]) if columns is None and rows else list(columns or [])
+    headers, wrap = headers or {}, wrap or {}
+    names = [headers.get(c, c) for c in columns]
+    # Text columns are aligned left, numbers right.
+    text = [all(isinstance(row[c], str) for row in rows) for c in columns]
+    cells = [[(textwrap.wrap(_cell(row[c], floatfmt), wrap[c]) or ["-"]) if c in wrap
+              else [_cell(row[c], floatfmt)] for c in columns] for row in rows]
+    widths = [max([len(n)] + [len(line) for r in cells for line in r[i]])
+              for i, n in enumerate(names)]
+
+    def line(values):
+        return "  ".join(v.ljust(w) if left else v.rjust(w)
+                         for v, w, left in zip(values, widths, text, strict=True)).rstrip()
+
+    lines = [line(names)]
+    for r in cells:
+        for k in range(max(len(c) for c in r)):
+            lines.append(line([c[k] if k < len(c) else "" for c in r]))
+    return "\n".join(lines)
 
 
 def pyplot():

@@ -15,7 +15,7 @@ from ._core import (
     set_threads,
     write_json,
 )
-from ._experiments import save_sweep_figure
+from ._experiments import save_sweep_figure, sweep_report
 
 __all__ = ["add_demo_parser", "demo_command"]
 
@@ -29,8 +29,10 @@ def add_demo_parser(commands):
                     "model rank; train at full width and read the learned rank; print a "
                     "verdict. Writes demo.json and deficiency_curve.png to --out.")
     add_size_options(parser, 512, 32, 6, 2, 0.1)
-    parser.add_argument("--logit-scale", type=non_negative_float, default=2.0)
-    parser.add_argument("--max-epochs", type=positive_int, default=150)
+    parser.add_argument("--logit-scale", type=non_negative_float, default=2.0,
+                        help="softmax logit scale beta (default: %(default)s)")
+    parser.add_argument("--max-epochs", type=positive_int, default=150,
+                        help="training epochs of each model (default: %(default)s)")
     add_common_options(parser)
     parser.set_defaults(run=demo_command)
     return parser
@@ -70,7 +72,7 @@ def demo_command(args):
     sweep = rank_sweep(LowRankAttentionRegressor(**training), X, Y, ranks, cv=3,
                        n_jobs=args.n_jobs, noise_floor=params.noise_floor)
     lines.append("Rank sweep of LowRankAttentionRegressor (3-fold held-out risk per token):")
-    lines.append(sweep.format())
+    lines.append(sweep_report(sweep))
     lines.append(f"Knee of the sweep: rank {sweep.knee} (noise floor {params.noise_floor:.4g})")
     progress(2, 3)
     recovered = LowRankAttentionRegressor(**training, init_scale=1e-2).fit(X, Y)

@@ -1,11 +1,22 @@
 """``ebound estimate DATA``: the intrinsic rank of your own data, read without unpickling."""
 
+import textwrap
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ._core import CLIError, Progress, add_common_options, emit, positive_int
+from ._core import (
+    CLIError,
+    Progress,
+    add_common_options,
+    emit,
+    out_dir,
+    positive_int,
+    pyplot,
+    save_figure,
+    write_json,
+)
 
 __all__ = ["add_estimate_parser", "estimate_command", "load_data"]
 
@@ -18,26 +29,36 @@ def add_estimate_parser(commands):
                     "--x-name/--y-name), an .npy of X with --targets Y.npy (memory-mapped and "
                     "read in chunks, so files larger than memory work), or a .csv with a "
                     "header whose last --n-targets columns are the targets. 3-D arrays are "
-                    "sequences (n_samples, n_tokens, n_channels). Files are read without "
-                    "unpickling.")
+                    "sequences (n_samples, n_tokens, n_channels): their rank is read "
+                    "attention-natively, the naive static token-mixing rank printed beside. "
+                    "Without targets it reads the rank of X alone. Nothing is unpickled.")
     parser.add_argument("data", help="path to .npz, .npy or .csv")
-    parser.add_argument("--targets", help="Y as .npy, when DATA is an .npy of X")
-    parser.add_argument("--x-name", default="X")
-    parser.add_argument("--y-name", default="Y")
-    parser.add_argument("--n-targets", type=int, help="CSV: the last K columns are targets")
-    parser.add_argument("--operator", choices=["static", "attention"], default="static")
-    parser.add_argument("--attention", choices=["softmax", "linear"], default="softmax")
+    parser.add_argument("--targets", metavar="Y.npy",
+                        help="Y, for an .npy DATA (default: none: the rank of X)")
+    parser.add_argument("--x-name", default="X", metavar="NAME",
+                        help="X's name in an .npz (default: %(default)s)")
+    parser.add_argument("--y-name", default="Y", metavar="NAME",
+                        help="Y's name in an .npz (default: %(default)s)")
+    parser.add_argument("--n-targets", type=int, metavar="K",
+                        help="CSV: the last K columns are targets (no default)")
+    parser.add_argument("--operator", choices=["auto", "static", "attention"], default="auto",
+                        help="auto: static for 2-D data, attention for 3-D sequences "
+                             "(default: %(default)s)")
+    parser.add_argument("--attention", choices=["softmax", "linear"], default="softmax",
+                        help="attention class (default: %(default)s)")
     parser.add_argument("--value-identity", action="store_true",
                         help="attention: the value map is known to be the identity")
     parser.add_argument("--criterion", choices=["threshold", "rsc", "cv", "energy"],
-                        default="threshold")
-    parser.add_argument("--significance", type=float, default=1e-3,
-                        help="threshold: false-positive rate of each test, in [1e-12, 0.5)")
-    parser.add_argument("--tau", type=float, default=0.99, help="energy level")
-    parser.add_argument("--chunk-rows", type=positive_int, default=None,
-                        help=".npy input is memory-mapped and read this many rows at a time "
-                             "(default: about 64 MB per chunk)")
-    add_common_options(parser, json_only=True)
+                        default="threshold", help="how r* is read (default: %(default)s)")
+    parser.add_argument("--significance", type=float, default=1e-3, metavar="ALPHA",
+                        help="threshold: false-positive rate of each test, in [1e-12, 0.5) "
+                             "(default: %(default)s)")
+    parser.add_argument("--tau", type=float, default=0.99,
+                        help="energy level, in (0, 1] (default: %(default)s)")
+    parser.add_argument("--chunk-rows", type=positive_int, default=None, metavar="ROWS",
+                        help="rows per read of an .npy (default: 64 MB of them)")
+    add_common_options(parser, json_only=True, out=None,
+                       out_help="write estimate.json, spectrum.png here (default: none)")
     parser.set_defaults(run=estimate_command)
     return parser
 
@@ -84,9 +105,13 @@ def load_data(args):
             raise CLIError(f"{path}: not a numeric CSV with a header row ({exc})") from None
         names = list(table.dtype.names or [])
         data = np.column_stack([table[n] for n in names]) if names else np.empty((0, 0))
-        if args.n_targets is None or not 0 <= args.n_targets < len(names):
+        if args.n_targets is None:
             raise CLIError(f"{path}: say how many of the {len(names)} columns are targets "
                            "with --n-targets K (the last K columns)")
+        if not 0 <= args.n_targets < len(names):
+            raise CLIError(f"{path}: --n-targets K must be at least 0 and less than the "
+                           f"{len(names)} columns, so that at least one input column is left. "
+                           f"Got {args.n_targets}.")
         split = len(names) - args.n_targets
         X, Y = data[:, :split], (data[:, split:] if args.n_targets else None)
     else:
@@ -97,21 +122,99 @@ def load_data(args):
     return X, Y
 
 
-def _stream(estimator, X, Y, chunk_rows):
-    """partial_fit over a memory-mapped file, one chunk of rows in memory at a time."""
+def _chunk_rows(X, Y, chunk_rows):
+    """Rows per chunk: ``chunk_rows``, or about 64 MB of float64."""
+    if chunk_rows is not None:
+        return chunk_rows
+    row_values = int(np.prod(X.shape[1:])) + (int(np.prod(Y.shape[1:])) if Y is not None else 0)
+    return max(1, (64 << 20) // (8 * max(row_values, 1)))
+
+
+def _fit(estimators, X, Y, stream, chunk_rows):
+    """Fit every estimator on ``(X, Y)``, in one pass over the data.
+
+    ``stream``: partial_fit over a memory-mapped file, one chunk of rows in memory at a time,
+    each chunk given to every estimator in turn. Returns, per estimator, the warnings it
+    raised and the error that stopped it (None when it was fitted); the first estimator's
+    error is raised.
+    """
+    caught = [[] for _ in estimators]
+    errors = [None for _ in estimators]
+
+    def feed(i, method, *data):
+        if errors[i] is not None:
+            return
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            try:
+                method(*data)
+            except ValueError as exc:
+                if i == 0:
+                    raise
+                errors[i] = exc
+        caught[i] += seen
+
+    if not stream:
+        X = np.asarray(X, dtype=np.float64)
+        Y = None if Y is None else np.asarray(Y, dtype=np.float64)
+        for i, estimator in enumerate(estimators):
+            feed(i, estimator.fit, X, Y)
+        return caught, errors
     if Y is not None and len(Y) != len(X):
         raise CLIError(f"X has {len(X)} samples but Y has {len(Y)}")
-    if chunk_rows is None:
-        # About 64 MB of float64 per chunk.
-        row_values = int(np.prod(X.shape[1:])) + (int(np.prod(Y.shape[1:])) if Y is not None
-                                                   else 0)
-        chunk_rows = max(1, (64 << 20) // (8 * max(row_values, 1)))
+    rows = _chunk_rows(X, Y, chunk_rows)
     progress = Progress("reading")
-    for start in range(0, len(X), chunk_rows):
-        stop = min(start + chunk_rows, len(X))
-        estimator.partial_fit(np.asarray(X[start:stop], dtype=np.float64),
-                              None if Y is None else np.asarray(Y[start:stop], dtype=np.float64))
+    for start in range(0, len(X), rows):
+        stop = min(start + rows, len(X))
+        X_chunk = np.asarray(X[start:stop], dtype=np.float64)
+        Y_chunk = None if Y is None else np.asarray(Y[start:stop], dtype=np.float64)
+        for i, estimator in enumerate(estimators):
+            feed(i, estimator.partial_fit, X_chunk, Y_chunk)
         progress(stop, len(X))
+    return caught, errors
+
+
+def _own_warnings(caught):
+    """The package's own warning messages among ``caught``, each once, in order."""
+    notes = [str(w.message) for w in caught if "sklearn_ebound" in (w.filename or "")
+             or w.category.__module__.startswith("sklearn_ebound")]
+    return list(dict.fromkeys(notes))
+
+
+def _headline(args, operator, X, Y, rank):
+    """The first lines of the report: what was read, from what."""
+    data = (f"Data: X {np.shape(X)}" + ("" if Y is None else f", Y {np.shape(Y)}")
+            + f"; criterion {args.criterion}")
+    if Y is None:
+        return [f"Rank of X alone r* = {rank}  (no targets given)", data,
+                "No targets given: this is the rank of X alone (the spectrum of X), not the "
+                "rank of a task. Give the targets with --targets Y.npy, as Y in the .npz, or "
+                "with --n-targets K for a .csv."]
+    if np.ndim(X) != 3:
+        return [f"Intrinsic rank r* = {rank}  (static operator Y ~ X B)", data]
+    if operator == "static":
+        return [f"Naive static token-mixing rank = {rank}  (operator static on sequences)", data,
+                "On sequences the static reading is the naive static transfer, one "
+                "token-mixing matrix for all sequences, whose rank does not describe "
+                "attention; --operator auto reads the attention-native rank."]
+    value = "identity value map" if args.value_identity else "value map unknown"
+    return [f"Intrinsic rank r* = {rank}  (attention-native: {args.attention} attention, "
+            f"{value})", data]
+
+
+def _save(args, payload, estimator):
+    """``estimate.json`` and, with matplotlib, ``spectrum.png`` under ``--out``; the paths."""
+    out = out_dir(args)
+    paths = [out / "estimate.json"]
+    if pyplot() is not None:
+        from ..display import SpectrumDisplay
+
+        display = SpectrumDisplay.from_estimator(estimator)
+        display.ax_.set_title(f"Spectrum of {Path(args.data).name}: r* = {estimator.rank_}")
+        paths.append(save_figure(display.figure_, out / "spectrum.png"))
+    payload["files"] = [str(p) for p in paths]
+    write_json(paths[0], payload)
+    return paths
 
 
 def estimate_command(args):
@@ -119,35 +222,55 @@ def estimate_command(args):
     from .. import IntrinsicRankEstimator
 
     X, Y = load_data(args)
-    estimator = IntrinsicRankEstimator(args.operator, attention=args.attention,
-                                       value="identity" if args.value_identity else None,
-                                       criterion=args.criterion,
-                                       significance=args.significance, tau=args.tau)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if isinstance(X, np.memmap) and args.criterion != "cv":
-            _stream(estimator, X, Y, args.chunk_rows)
-        else:
-            estimator.fit(np.asarray(X, dtype=np.float64),
-                          None if Y is None else np.asarray(Y, dtype=np.float64))
-        if not hasattr(estimator, "rank_"):
-            raise CLIError(f"too few samples ({len(X)}) to read a rank")
-    notes = [str(w.message) for w in caught if "sklearn_ebound" in (w.filename or "")
-             or w.category.__module__.startswith("sklearn_ebound")]
+    sequences = np.ndim(X) == 3
+    if sequences and Y is None:
+        raise CLIError("3-D X holds sequences, whose rank is read with the target sequences Y: "
+                       "give them with --targets Y.npy, or as Y in the .npz")
+    operator = args.operator
+    if operator == "auto":  # as the estimator resolves it
+        operator = "attention" if sequences else "static"
+    settings = {"criterion": args.criterion, "significance": args.significance,
+                "tau": args.tau}
+    estimators = [IntrinsicRankEstimator(args.operator, attention=args.attention,
+                                         value="identity" if args.value_identity else None,
+                                         **settings)]
+    if sequences and operator == "attention":
+        # Beside the attention-native rank, the naive static transfer's (the failing reading).
+        estimators.append(IntrinsicRankEstimator("static", **settings))
+    stream = isinstance(X, np.memmap) and args.criterion != "cv"
+    caught, errors = _fit(estimators, X, Y, stream, args.chunk_rows)
+    estimator = estimators[0]
+    if not hasattr(estimator, "rank_"):
+        raise CLIError(f"too few samples ({len(X)}) to read a rank")
+    notes = _own_warnings(caught[0])
     payload = {
-        "rank": estimator.rank_, "operator": args.operator, "criterion": args.criterion,
+        "rank": estimator.rank_, "operator": operator, "criterion": args.criterion,
+        "targets": Y is not None,
         "shape_X": list(np.shape(X)), "shape_Y": None if Y is None else list(np.shape(Y)),
         "singular_values": np.asarray(estimator.singular_values_).tolist(),
         "threshold": estimator.threshold_, "warnings": notes,
     }
-    text = [f"Intrinsic rank r* = {estimator.rank_}  (operator={args.operator}, "
-            f"criterion={args.criterion}, X {np.shape(X)}"
-            + ("" if Y is None else f", Y {np.shape(Y)}") + ")"]
+    text = _headline(args, operator, X, Y, estimator.rank_)
+    if len(estimators) > 1:
+        naive = estimators[1]
+        payload["naive_static_rank"] = getattr(naive, "rank_", None)
+        if errors[1] is None and hasattr(naive, "rank_"):
+            text.append(f"Naive static token-mixing rank: {naive.rank_} of {np.shape(X)[1]} "
+                        "(the naive static transfer, one token-mixing matrix for all "
+                        "sequences, shown for comparison: it does not describe attention)")
+        else:
+            reason = str(errors[1]) if errors[1] is not None else "too few samples"
+            text.append(f"Naive static token-mixing rank: not read ({reason})")
+    text = [line for paragraph in text for line in textwrap.wrap(paragraph, 100)]
     spectrum = np.asarray(estimator.singular_values_)[:12]
     text.append("Spectrum: " + " ".join(f"{v:.4g}" for v in spectrum)
                 + (" ..." if len(estimator.singular_values_) > 12 else ""))
     if estimator.threshold_ is not None:
         text.append(f"Threshold: {estimator.threshold_:.4g}")
     text += [f"Warning: {n}" for n in notes]
+    if args.out is not None:
+        paths = _save(args, payload, estimator)
+        text.append("Wrote " + ", ".join(str(p) for p in paths)
+                    + ("" if len(paths) > 1 else " (install matplotlib for the PNG)"))
     emit(args, payload, "\n".join(text))
     return 0

@@ -6,6 +6,8 @@ map of every rank column and the spectra of one head (PNG, when matplotlib is in
 """
 
 import argparse
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from ._core import CLIError, add_common_options, emit, out_dir, pyplot, save_figure, write_table
@@ -31,15 +33,17 @@ def add_heads_parser(commands):
         "heads", help="attention-native rank of every head of a pretrained transformer",
         description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
                     "saved in MODEL_DIR (config and weights, loaded offline): energy ranks at "
-                    "90%% and 99%%, entropy and stable rank; with --text, the same for the "
+                    "90% and 99%, entropy and stable rank; with --text, the same for the "
                     "logit field the head produces on that text. Writes heads.json, heads.csv, "
                     "one heat map per rank and the spectra of --head to --out.")
     parser.add_argument("model_dir", help="directory of a saved Hugging Face model")
-    parser.add_argument("--text", help="UTF-8 text file, one sentence or passage per line")
-    parser.add_argument("--head", type=_layer_head, default=(0, 0),
-                        help="LAYER.HEAD whose spectra are plotted (default 0.0)")
+    parser.add_argument("--text", metavar="FILE",
+                        help="UTF-8 text file, one sentence or passage per line (default: none, "
+                             "the kernels only)")
+    parser.add_argument("--head", type=_layer_head, default=(0, 0), metavar="LAYER.HEAD",
+                        help="the head whose spectra are plotted (default: 0.0)")
     parser.add_argument("--max-length", type=int, default=128,
-                        help="tokens per line at most (default 128)")
+                        help="tokens per line at most (default: %(default)s)")
     add_common_options(parser, json_only=True)
     parser.set_defaults(run=heads_command)
     return parser
@@ -74,6 +78,34 @@ def _save_pngs(result, out, layer, head):
     return paths
 
 
+@contextmanager
+def _quiet_transformers():
+    """Silence transformers' progress bars and log messages, restoring them afterwards.
+
+    The command's output is its own report; "Loading weights" bars and loading notes would
+    interleave with it. The settings are put back on exit, so that code calling
+    :func:`heads_command` keeps its own.
+    """
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hub_bars_off = hub.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # transformers' bars and the hub's
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        with warnings.catch_warnings():
+            # The hub warns when its environment variable keeps the bars off; so they stay.
+            warnings.simplefilter("ignore")
+            if bars:
+                hf_logging.enable_progress_bar()
+            if hub_bars_off:
+                hub.disable_progress_bars()
+
+
 def heads_command(args):
     """Run ``ebound heads`` on parsed arguments; returns the exit code."""
     from ..heads import head_ranks
@@ -84,7 +116,8 @@ def heads_command(args):
     texts = _read_text(args.text) if args.text else None
     if args.max_length < 1:
         raise CLIError(f"--max-length must be positive. Got {args.max_length}.")
-    result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
+    with _quiet_transformers():
+        result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
     layer, head = args.head
     row = next((r for r in result.rows if r["layer"] == layer and r["head"] == head), None)
     if row is None:

@@ -1,5 +1,6 @@
 """The ``ebound`` parser, one sub-command per command module, and the entry point."""
 
+import os
 import sys
 
 from ._core import Parser
@@ -36,11 +37,14 @@ def main(argv=None):
     -------
     code : int
         0 on success, 1 when ``demo`` finds ranks that disagree, 2 on a user error (printed
-        as one line on stderr), 130 when interrupted.
+        as one line on stderr), 130 when interrupted, 1 when the output's reader closed the
+        pipe.
     """
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return code
     except (ValueError, TypeError) as exc:  # CLIError is a ValueError
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"ebound: error: {message}", file=sys.stderr)
@@ -48,3 +52,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("ebound: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of the output left (`ebound ... | head`): no traceback for that.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
