@@ -104,3 +104,10 @@ def test_attention_scale_quick(load, tmp_path, monkeypatch):
     assert r["rank_read"] == r["rank"] == 2
     assert json.loads(out.read_text())["runs"][0]["n_features"] == 8
     assert (tmp_path / "docs" / "attention_scale.csv").is_file()
+
+
+def test_cli_startup_quick(load):
+    bench = load("bench_cli_startup")
+    report = bench.main(["--repeats", "1"])
+    assert report["baseline_s"] > 0
+    assert report["ratios"] and all(np.isfinite(r) and r > 0 for r in report["ratios"].values())
