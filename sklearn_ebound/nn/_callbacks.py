@@ -111,6 +111,8 @@ class ConvergenceCheck(Callback):
         self.tol = tol
 
     def on_train_end(self, net, X=None, y=None, **kwargs):
+        if not net.history or "train_loss" not in net.history[-1]:
+            return  # no epoch ran (max_epochs=0)
         losses = np.asarray(net.history[:, "train_loss"], dtype=np.float64)
         k = max(2, math.ceil(self.window * len(losses)))
         if len(losses) < 2 * k or not np.all(np.isfinite(losses[-2 * k:])):
