@@ -208,6 +208,9 @@ BAD_SEQUENCES = {
 }
 
 
+# Valid fits of 8-token sequences carry the short-sequence caveat, asserted in
+# test_attention_intrinsic_rank.py; here only the errors on bad input matter.
+@pytest.mark.filterwarnings("ignore:With an unknown value map")
 @pytest.mark.parametrize("case", sorted(BAD_SEQUENCES))
 @pytest.mark.parametrize("estimator", SEQUENCE_ESTIMATORS, ids=["kernel", "per_token", "naive"])
 def test_bad_sequence_input(case, estimator):
