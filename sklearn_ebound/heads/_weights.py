@@ -47,6 +47,9 @@ class QKLayer:
 
     ``module`` is the dotted name of the query projection in the model (used to capture the
     hidden states that enter it); ``attention_module`` the name of the attention block.
+    ``w_v`` and ``b_v`` are the value maps in the same column layout (value of head ``h`` for
+    a token ``x``: ``x W_V[g] + b_V[g]``, ``g`` its key head), ``None`` when the state dict
+    holds no value weights.
     """
 
     index: int
@@ -56,6 +59,8 @@ class QKLayer:
     b_k: np.ndarray | None  # (n_kv_heads, d_h)
     module: str
     attention_module: str
+    w_v: np.ndarray | None = None  # (n_kv_heads, d, d_h): value maps, when the state has them
+    b_v: np.ndarray | None = None  # (n_kv_heads, d_h)
 
     @property
     def n_heads(self):
@@ -113,7 +118,10 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
         w_k = _linear_heads(_get(state, base + "key.weight"), n_heads, base + "key.weight")
         b_q = _bias_heads(_get(state, base + "query.bias", False), n_heads)
         b_k = _bias_heads(_get(state, base + "key.bias", False), n_heads)
-        return QKLayer(i, w_q, w_k, b_q, b_k, base + "query", base.rstrip("."))
+        w_v = _get(state, base + "value.weight", False)
+        w_v = None if w_v is None else _linear_heads(w_v, n_heads, base + "value.weight")
+        b_v = _bias_heads(_get(state, base + "value.bias", False), n_heads)
+        return QKLayer(i, w_q, w_k, b_q, b_k, base + "query", base.rstrip("."), w_v, b_v)
     if naming == "gpt2":
         base = f"{prefix}h.{i}.attn."
         weight = _get(state, base + "c_attn.weight")
@@ -130,7 +138,9 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
         bias = _get(state, base + "c_attn.bias", False)
         b_q = None if bias is None else bias[:d].reshape(n_heads, d_h)
         b_k = None if bias is None else bias[d:2 * d].reshape(n_heads, d_h)
-        return QKLayer(i, w_q, w_k, b_q, b_k, base + "c_attn", base.rstrip("."))
+        w_v = weight[:, 2 * d:].reshape(d, n_heads, d_h).transpose(1, 0, 2)
+        b_v = None if bias is None else bias[2 * d:].reshape(n_heads, d_h)
+        return QKLayer(i, w_q, w_k, b_q, b_k, base + "c_attn", base.rstrip("."), w_v, b_v)
     base = f"{prefix}layers.{i}.self_attn."
     w_q = _linear_heads(_get(state, base + "q_proj.weight"), n_heads, base + "q_proj.weight")
     w_k = _linear_heads(_get(state, base + "k_proj.weight"), n_kv_heads,
@@ -141,7 +151,10 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
             f"{w_k.shape[2]} differ; check `n_heads` and `n_kv_heads`.")
     b_q = _bias_heads(_get(state, base + "q_proj.bias", False), n_heads)
     b_k = _bias_heads(_get(state, base + "k_proj.bias", False), n_kv_heads)
-    return QKLayer(i, w_q, w_k, b_q, b_k, base + "q_proj", base.rstrip("."))
+    w_v = _get(state, base + "v_proj.weight", False)
+    w_v = None if w_v is None else _linear_heads(w_v, n_kv_heads, base + "v_proj.weight")
+    b_v = _bias_heads(_get(state, base + "v_proj.bias", False), n_kv_heads)
+    return QKLayer(i, w_q, w_k, b_q, b_k, base + "q_proj", base.rstrip("."), w_v, b_v)
 
 
 def detect_naming(keys, naming=None):
