@@ -24,8 +24,6 @@ import json
 import os
 import time
 
-import numpy as np
-
 BUDGETS = (0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)
 
 
@@ -96,7 +94,7 @@ def main(argv=None):
 
     plan = plan_ranks(result, budget=0.4)
     compressed = compress_heads(model, result, plan)
-    evaluation = [t for t in texts if t not in _calibration(result, texts)]
+    evaluation = [texts[i] for i in result.evaluation_index]
     fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
                 for name, part in (("held_out", held_out), ("evaluation", evaluation))}
     print(f"\nPlan at 40% budget (used {plan.budget_used:.3f}): held-out cosine mean "
@@ -122,12 +120,6 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(payload, f, default=float)
     return result, frontier
-
-
-def _calibration(result, texts):
-    """The calibration texts of ``result`` (the same seeded split as head_deficiency)."""
-    perm = np.random.default_rng(0).permutation(len(texts))
-    return {texts[i] for i in perm[:result.n_calibration]}
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ def test_curve_is_the_compressed_models_own_error(kind, method):
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"),
                              layers=[0], random_state=1)
     assert result.causal == (kind != "bert") and result.rotary == (kind == "llama")
-    evaluation = [t for i, t in enumerate(TEXTS) if t not in _calibration(result, TEXTS)]
+    evaluation = [TEXTS[i] for i in result.evaluation_index]
+    assert evaluation and not (
+        set(result.calibration_index) & set(result.evaluation_index))
     d_h, curves = result.head_dim, result.curves(method)
     # The head outputs: BERT's self-attention returns them; GPT-2 and LLaMA apply their
     # output projection inside the block, so they are what enters it.
@@ -133,12 +135,6 @@ def test_curve_is_the_compressed_models_own_error(kind, method):
             np.testing.assert_allclose(err, curves[0, head, rank], rtol=2e-3, atol=1e-6)
     assert np.all(curves[..., -1] < 1e-9)  # full rank reproduces the head
     assert np.all(curves[..., 0] > 1e-3)  # rank 0 (uniform attention) does not
-
-
-def _calibration(result, texts):
-    rng = np.random.default_rng(1)
-    perm = rng.permutation(len(texts))
-    return {texts[i] for i in perm[:result.n_calibration]}
 
 
 def _block_input_or_output(model, name, texts, tokenizer, kind):
@@ -346,3 +342,31 @@ def test_minilm_data_aware_needs_less_rank_than_the_weights():
     assert np.all(data < weight)
     curves = result.curves("data")
     assert np.all(curves[..., -1] < 1e-9) and np.all(curves[..., 0] > 0.05)
+
+
+def test_displays(bert_result):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sklearn_ebound.display import CompressionFrontierDisplay, HeadDeficiencyDisplay
+
+    model, result = bert_result
+    one = HeadDeficiencyDisplay.from_result(result, 1, 0)
+    assert set(one.lines_) == {"weight", "data", "trained"}
+    np.testing.assert_allclose(one.lines_["weight"].get_ydata(),
+                               np.maximum(result.curves("weight")[1, 0], 1e-6))
+    assert len([line for line in one.ax_.lines if line.get_linestyle() == ":"]) == 3
+    every = HeadDeficiencyDisplay.from_result(result, methods=("data",))
+    np.testing.assert_allclose(every.lines_["data"].get_ydata(), np.maximum(
+        np.median(result.curves("data").reshape(-1, result.head_dim + 1), axis=0), 1e-6))
+    frontier = compression_frontier(model, result, HELD_OUT, WordTokenizer(60),
+                                    budgets=(0.25, 0.5), strategies=("uniform", "plan"))
+    display = CompressionFrontierDisplay.from_result(frontier)
+    assert set(display.lines_) == {"uniform", "plan"}
+    np.testing.assert_allclose(display.lines_["plan"].get_xdata(),
+                               [100 * r["budget_used"] for r in frontier.rows
+                                if r["strategy"] == "plan"])
+    plt.close("all")

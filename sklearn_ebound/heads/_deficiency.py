@@ -326,6 +326,7 @@ class HeadDeficiencyResult(ResultTable):
     ``err_weight``, ``err_data``, ``err_trained`` (NaN where no pair was trained). Metadata
     (also attributes): ``naming``, ``n_layers``, ``n_heads``, ``head_dim``, ``d_model``,
     ``causal``, ``rotary``, ``epsilons``, ``n_calibration``, ``n_evaluation`` (texts),
+    ``calibration_index`` and ``evaluation_index`` (positions of the texts of each part),
     ``n_tokens_evaluation``, ``seconds`` (curves), ``train_seconds`` (the trained step),
     ``train_steps``.
     """
@@ -581,6 +582,8 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
         layer_indices=[lay.index for lay in chosen], head_dim=d_h,
         d_model=chosen[0].w_q.shape[1], causal=causal, rotary=rotary, epsilons=list(epsilons),
         n_calibration=len(cal_texts), n_evaluation=len(eval_texts),
+        calibration_index=np.sort(perm[:n_cal]).tolist(),
+        evaluation_index=np.sort(perm[n_cal:]).tolist(),
         n_tokens_evaluation=n_eval_tokens,
         seconds=time.perf_counter() - start - train_seconds, train_seconds=train_seconds,
         train_steps=train_steps, n_trained=len(trained_all))
