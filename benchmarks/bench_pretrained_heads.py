@@ -4,9 +4,10 @@ Runs the whole analysis on the 72 heads (6 layers x 12, d_h = 32) at every rank 
 ``--n-texts`` sentences of the standard library's docstrings (half calibration, half
 evaluation), then:
 
-* the weight-space, data-aware and achievable (trained) eps-ranks at eps = 0.01, 0.05, 0.1
-  (median, range over heads);
-* the rank predictors against the achievable eps-ranks;
+* the weight-space and data-aware eps-ranks at eps = 0.01, 0.05, 0.1 (median, range over
+  the 72 heads), and the achievable (trained) ones on ``--train-heads`` of every layer;
+* the rank predictors against the data-aware eps-ranks (and the achievable ones where
+  trained);
 * the compressed model at a budget of 40% of the full query-key rank, its embedding cosine
   to the original on held-out text (other modules' docstrings) and on the evaluation half;
 * the budget-fidelity frontier of four strategies, and the smallest budget whose mean
@@ -31,7 +32,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-texts", type=int, default=500)
     parser.add_argument("--n-held-out", type=int, default=300)
-    parser.add_argument("--train-steps", type=int, default=20)
+    parser.add_argument("--train-steps", type=int, default=15)
+    parser.add_argument("--train-heads", default="0,6",
+                        help="heads (in every layer) whose trained pairs are searched")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", help="write every table as JSON to this file")
     args = parser.parse_args(argv)
@@ -69,31 +72,50 @@ def main(argv=None):
                               return_tensors="pt"))
     forward = time.perf_counter() - start
 
-    start = time.perf_counter()
-    result = head_deficiency(model, texts, tokenizer=tokenizer, train_steps=args.train_steps)
-    wall = time.perf_counter() - start
-    print(f"\nAnalysis of {result.n_layers * result.n_heads} heads at every rank: "
-          f"{result.seconds:.1f} s apart from the trained step ({result.seconds / forward:.1f}x "
-          f"one forward pass, {forward:.2f} s); trained step {result.train_seconds:.1f} s "
-          f"({result.n_trained} pairs, {result.train_steps} L-BFGS iterations each); wall "
-          f"{wall:.1f} s. Evaluation: {result.n_evaluation} sentences, "
+    start, cpu = time.perf_counter(), time.process_time()
+    result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("weight", "data"))
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    print(f"\nAnalysis of {result.n_layers * result.n_heads} heads at every rank (weight-space "
+          f"and data-aware): {result.seconds:.1f} s ({wall:.1f} s wall with loading the "
+          f"activations, {cpu:.1f} s of CPU time; {result.seconds / forward:.1f}x one forward "
+          f"pass over the text, "
+          f"{forward:.2f} s). Evaluation: {result.n_evaluation} sentences, "
           f"{result.n_tokens_evaluation} tokens.")
     summary = result.summary()
     print("\neps-ranks over the 72 heads (median, min, max):")
-    print(summary.format())
+    print(summary.format(), flush=True)
+
+    train_heads = [int(h) for h in args.train_heads.split(",")]
+    trained = head_deficiency(model, texts, tokenizer=tokenizer, heads=train_heads,
+                              train_steps=args.train_steps)
+    n_heads = trained.n_layers * trained.n_heads
+    print(f"\nTrained step on {n_heads} heads (heads {train_heads} of every layer): "
+          f"{trained.train_seconds:.1f} s, {trained.n_trained} pairs of {trained.train_steps} "
+          f"L-BFGS iterations ({trained.train_seconds / n_heads:.1f} s per head; "
+          f"{72 * trained.train_seconds / n_heads:.0f} s extrapolated to 72 heads)")
+    print(trained.summary().format())
+    print("per head (layer, head: weight / data / achievable eps-rank at 0.01, 0.05, 0.1):")
+    for row in trained.eps_ranks().rows:
+        print(f"  {row['layer']}.{row['head']}: " + ", ".join(
+            f"{row[f'weight_rank_{e:g}']}/{row[f'data_rank_{e:g}']}/{row[f'trained_rank_{e:g}']}"
+            for e in trained.epsilons), flush=True)
 
     start = time.perf_counter()
     predictors = head_predictors(model, texts, tokenizer=tokenizer)
-    agreement = predictor_agreement(predictors, result)
-    print(f"\nPredictors against the achievable eps-ranks ({time.perf_counter() - start:.1f} s; "
+    agreement = predictor_agreement(predictors, result, reference="data")
+    print(f"\nPredictors against the data-aware eps-ranks ({time.perf_counter() - start:.1f} s; "
           f"{predictors.n_windows} windows of {predictors.window} tokens):")
-    print(agreement.format())
+    print(agreement.format(), flush=True)
+    if len(trained.rows):
+        sub = predictor_agreement(predictors, trained, reference="trained")
+        print(f"... and against the achievable eps-ranks of the {n_heads} trained heads:")
+        print(sub.format())
     reasons = {r["known_reason"] for r in predictors.rows} - {""}
     if reasons:
         print("value known: " + "; ".join(sorted(reasons)))
 
-    plan = plan_ranks(result, budget=0.4)
-    compressed = compress_heads(model, result, plan)
+    plan = plan_ranks(result, budget=0.4, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
     evaluation = [texts[i] for i in result.evaluation_index]
     fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
                 for name, part in (("held_out", held_out), ("evaluation", evaluation))}
@@ -115,6 +137,7 @@ def main(argv=None):
         payload = {"summary": summary.to_dict(), "agreement": agreement.to_dict(),
                    "predictors": predictors.to_dict(), "frontier": frontier.to_dict(),
                    "plan": plan.to_dict(), "deficiency": result.to_dict(),
+                   "trained": trained.to_dict(),
                    "fidelity": {k: v.meta for k, v in fidelity.items()},
                    "forward_seconds": forward}
         with open(args.out, "w") as f:

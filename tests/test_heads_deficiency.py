@@ -293,6 +293,13 @@ def test_predictors_value_known_and_guarded(bert_result):
         assert 0 <= row["within_2"] <= 1 and row["mean_abs_diff"] >= 0 and row["n_heads"] == 4
     with pytest.raises(ValueError, match="`window`"):
         head_predictors(model, TEXTS, tokenizer=tokenizer, window=500)
+    untrained = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",),
+                                layers=[0])
+    assert "trained_rank_0.1" not in untrained.eps_ranks().columns
+    assert list(untrained.summary().rows[0]) == ["eps", "data_median", "data_min", "data_max"]
+    with pytest.raises(ValueError, match="no 'trained' eps-ranks"):
+        predictor_agreement(table, untrained)
+    assert predictor_agreement(table, untrained, reference="data").rows[0]["n_heads"] == 2
 
 
 def test_bad_input(bert_result):

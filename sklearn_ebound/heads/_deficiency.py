@@ -353,17 +353,20 @@ class HeadDeficiencyResult(ResultTable):
         Returns
         -------
         table : ResultTable
-            Columns ``layer``, ``head`` and ``{method}_rank_{eps}``.
+            Columns ``layer``, ``head`` and ``{method}_rank_{eps}`` for the methods measured
+            (``trained`` only where some pair was trained).
         """
         epsilons = self.epsilons if epsilons is None else epsilons
-        curves = {m: self.curves(m) for m in ("weight", "data")}
-        curves["trained"] = self.achievable_curves()
+        curves = {m: self.curves(m) for m in ("weight", "data")
+                  if not np.isnan(self.curves(m)).all()}
+        if "data" in curves and not np.isnan(self.curves("trained")).all():
+            curves["trained"] = self.achievable_curves()
         rows = []
         for li, layer in enumerate(self.layer_indices):
             for hi, h in enumerate(self.heads):
                 row = {"layer": int(layer), "head": h}
                 for eps in epsilons:
-                    for m in METHODS:
+                    for m in curves:
                         row[f"{m}_rank_{eps:g}"] = _eps_rank(curves[m][li, hi], eps)
                 rows.append(row)
         return ResultTable(rows, epsilons=list(epsilons), head_dim=self.head_dim)
@@ -379,7 +382,7 @@ class HeadDeficiencyResult(ResultTable):
         rows = []
         for eps in table.epsilons:
             row = {"eps": eps}
-            for m in METHODS:
+            for m in [m for m in METHODS if f"{m}_rank_{eps:g}" in table.columns]:
                 ranks = table.column(f"{m}_rank_{eps:g}")
                 row.update({f"{m}_median": float(np.median(ranks)), f"{m}_min": int(ranks.min()),
                             f"{m}_max": int(ranks.max())})
@@ -1036,6 +1039,9 @@ def predictor_agreement(predictors, deficiency, *, epsilons=None, reference="tra
         +-2), ``mean_bias`` (predictor minus eps-rank) and ``n_heads`` (heads with a value).
     """
     eps_table = deficiency.eps_ranks(epsilons)
+    if f"{reference}_rank_{eps_table.epsilons[0]:g}" not in eps_table.columns:
+        raise ValueError(f"The result has no {reference!r} eps-ranks; pass `reference` among "
+                         "the methods it measured.")
     truth = {(r["layer"], r["head"]): r for r in eps_table.rows}
     names = [c for c in predictors.columns if c not in ("layer", "head", "known_reason")]
     rows = []
