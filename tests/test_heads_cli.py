@@ -167,8 +167,10 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["plan"]["budget_used"] <= 0.5
     assert len(payload["eps_ranks"]["rows"]) == 4
-    assert {"plan_rank", "trained_rank_0.1", "data_rank_0.1"} <= set(
+    assert {"plan_rank", "plan_error", "plan_error_trained", "data_rank_0.1"} <= set(
         payload["eps_ranks"]["rows"][0])
+    for row in payload["eps_ranks"]["rows"]:
+        assert row["plan_error_trained"] <= row["plan_error"]
     assert -1 <= payload["fidelity"]["min"] <= payload["fidelity"]["mean"] <= 1
     loaded = transformers.AutoModel.from_pretrained(target, local_files_only=True)
     original = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True)

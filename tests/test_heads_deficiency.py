@@ -377,3 +377,23 @@ def test_displays(bert_result):
                                [100 * r["budget_used"] for r in frontier.rows
                                 if r["strategy"] == "plan"])
     plt.close("all")
+
+
+def test_train_at_the_planned_ranks(bert_result):
+    model, result = bert_result
+    plan = plan_ranks(result, budget=0.5, method="data")
+    tuned = head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_at=plan,
+                            train_steps=5)
+    trained = tuned.curves("trained")
+    for row in plan.rows:
+        li, hi = tuned.layer_indices.index(row["layer"]), tuned.heads.index(row["head"])
+        finite = np.flatnonzero(np.isfinite(trained[li, hi]))
+        # exactly the planned rank is trained (ranks 0 and d_h need no training)
+        assert finite.tolist() == ([row["rank"]] if 0 < row["rank"] < tuned.head_dim else [])
+    # the same split, so the data-aware curves are the first call's
+    np.testing.assert_allclose(tuned.curves("data"), result.curves("data"))
+    compressed = compress_heads(model, tuned, plan, method="trained")
+    assert compressed is not model
+    with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
+        head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
+                        train_at=plan)

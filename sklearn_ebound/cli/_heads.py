@@ -230,16 +230,21 @@ def _compress(args, model_dir, texts, out, focus):
         model, tokenizer = load_pretrained(model_dir)
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
-    methods = ("weight", "data", "trained") if args.train_steps else ("weight", "data")
     epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
                                                                         args.eps}))
-    result = head_deficiency(model, texts, tokenizer=tokenizer, calibration=args.calibration,
-                             methods=methods, epsilons=epsilons,
-                             train_steps=max(args.train_steps, 1), max_length=args.max_length,
-                             random_state=args.seed, progress=Progress("heads"))
-    method = "trained" if args.train_steps else "data"
-    plan = (plan_ranks(result, eps=args.eps, method=method) if args.eps is not None
-            else plan_ranks(result, budget=args.budget, method=method))
+    common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
+                  max_length=args.max_length, random_state=args.seed)
+    result = head_deficiency(model, texts, methods=("weight", "data"),
+                             progress=Progress("heads"), **common)
+    plan = (plan_ranks(result, eps=args.eps, method="data") if args.eps is not None
+            else plan_ranks(result, budget=args.budget, method="data"))
+    method = "data"
+    if args.train_steps:
+        # Second pass: the planned ranks trained, so that the compressed heads are the
+        # achievable pairs at those ranks.
+        result = head_deficiency(model, texts, train_at=plan, train_steps=args.train_steps,
+                                 progress=Progress("training heads"), **common)
+        method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
     target = Path(args.compress)
     target.mkdir(parents=True, exist_ok=True)
@@ -259,14 +264,19 @@ def _compress(args, model_dir, texts, out, focus):
         measured = (f"embedding cosine to the original on the evaluation half: mean "
                     f"{table.mean_cosine:.4f}, min {table.min_cosine:.4f}")
     eps_table = result.eps_ranks()
+    trained_curves = result.curves("trained")
     planned = {(r["layer"], r["head"]): r for r in plan.rows}
     per_head = []
     for row in eps_table.rows:
-        entry = dict(row)
-        if not args.train_steps:
-            entry = {k: v for k, v in entry.items() if not k.startswith("trained_")}
-        entry["plan_rank"] = planned[(row["layer"], row["head"])]["rank"]
+        entry = {k: v for k, v in row.items() if not k.startswith("trained_")}
+        rank = planned[(row["layer"], row["head"])]["rank"]
+        entry["plan_rank"] = rank
         entry["plan_error"] = planned[(row["layer"], row["head"])]["error"]
+        if args.train_steps:
+            li = result.layer_indices.index(row["layer"])
+            trained = trained_curves[li, result.heads.index(row["head"]), rank]
+            entry["plan_error_trained"] = float(min(trained, entry["plan_error"])) if \
+                np.isfinite(trained) else entry["plan_error"]
         per_head.append(entry)
     from .._results import ResultTable
 
@@ -283,7 +293,9 @@ def _compress(args, model_dir, texts, out, focus):
         heads_table.format(),
         "eps-ranks over heads (median, min, max):",
         result.summary().format(),
-        f"Plan ({method} curves, {goal}): {plan.budget_used:.1%} of the full query-key rank "
+        f"Plan (greedy on the data-aware curves, {goal}"
+        + (", the planned ranks trained" if args.train_steps else "")
+        + f"): {plan.budget_used:.1%} of the full query-key rank "
         f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
     ]
     payload = {"deficiency_summary": result.summary().to_dict(), "eps_ranks":

@@ -227,20 +227,23 @@ class _HeadForms:
 # --- curves ---------------------------------------------------------------------------------
 
 
-def _head_curve(batches, wq, wk, wv, forms, d_h, ranks):
-    """Relative output error at every rank of ``ranks`` (increasing), and ``||O||^2``."""
+def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
+    """Relative output error at every rank of ``ranks`` (increasing), ``||O||^2`` and
+    ``||O w_o||^2`` (the head's energy in the residual stream; NaN without ``wo``)."""
     torch = require("torch")
     wq_b = torch.as_tensor(wq @ forms.A_Q)
     wk_b = torch.as_tensor(wk @ forms.A_K)
     wq_t, wk_t, wv_t = (torch.as_tensor(w) for w in (wq, wk, wv))
     num = np.zeros(len(ranks))
-    den = 0.0
+    den, stream = 0.0, 0.0 if wo is not None else np.nan
     for g in batches.groups:
         X, mask, valid = g["X"], g["mask"], g["valid"][..., None]
         v = X @ wv_t
         full = _attend(_rotate(X @ wq_t, g["cos"], g["sin"]), _rotate(X @ wk_t, g["cos"],
                                                                        g["sin"]), v, mask, d_h)
         den += float(torch.sum((full * valid) ** 2))
+        if wo is not None:
+            stream += float(torch.sum(((full @ torch.as_tensor(wo)) * valid) ** 2))
         q, k = _rotate(X @ wq_b, g["cos"], g["sin"]), _rotate(X @ wk_b, g["cos"], g["sin"])
         for i, r in enumerate(ranks):
             cols = forms.columns(r)
@@ -248,7 +251,7 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks):
             kc = k[..., cols] if len(cols) else torch.zeros_like(k[..., :1])
             out = _attend(qc, kc, v, mask, d_h)
             num[i] += float(torch.sum(((out - full) * valid) ** 2))
-    return num / max(den, np.finfo(float).tiny), den
+    return num / max(den, np.finfo(float).tiny), den, stream
 
 
 def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps):
@@ -328,7 +331,9 @@ class HeadDeficiencyResult(ResultTable):
     ``causal``, ``rotary``, ``epsilons``, ``n_calibration``, ``n_evaluation`` (texts),
     ``calibration_index`` and ``evaluation_index`` (positions of the texts of each part),
     ``n_tokens_evaluation``, ``seconds`` (curves), ``train_seconds`` (the trained step),
-    ``train_steps``.
+    ``train_steps``, ``output_share`` (``n_layers x n_heads``: the energy each head adds to
+    the residual stream through the output projection, relative to the energy of the
+    layer's input, on the evaluation text; NaN without an output projection).
     """
 
     def curves(self, method="data"):
@@ -419,8 +424,8 @@ def _check_fraction(value, name):
 
 
 def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=METHODS,
-                    epsilons=(0.01, 0.05, 0.1), train_steps=20, max_length=64, batch_size=32,
-                    layers=None, heads=None, random_state=0, progress=None):
+                    epsilons=(0.01, 0.05, 0.1), train_steps=20, train_at=None, max_length=64,
+                    batch_size=32, layers=None, heads=None, random_state=0, progress=None):
     """Deficiency curves ``err_h(r)`` of every head on its own output, at every rank.
 
     The texts are split at random into a calibration part (the data-aware metric, the trained
@@ -447,6 +452,11 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     train_steps : int, default=20
         L-BFGS iterations per trained pair (each iteration one or more passes over the
         calibration text).
+    train_at : ResultTable or mapping, default=None
+        Ranks to train at instead of the eps search: a :func:`plan_ranks` table (each head at
+        its planned rank) or ``{(layer, head): rank or list of ranks}``. A plan from a first
+        call, trained in a second, gives :func:`compress_heads` trained pairs at exactly the
+        planned ranks.
     max_length : int, default=64
         Tokens per text at most.
     batch_size : int, default=32
@@ -510,6 +520,13 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     if not head_list or min(head_list) < 0 or max(head_list) >= chosen[0].n_heads:
         raise ValueError(f"`heads` must be query heads in [0, {chosen[0].n_heads}). Got "
                          f"{heads!r}.")
+    if train_at is not None:
+        if "trained" not in methods:
+            raise ValueError("`train_at` needs 'trained' in `methods`.")
+        pairs = ({(r["layer"], r["head"]): r["rank"] for r in train_at.rows}
+                 if isinstance(train_at, ResultTable) else dict(train_at))
+        train_at = {key: sorted({int(r) for r in np.atleast_1d(value)})
+                    for key, value in pairs.items()}
     rng = np.random.default_rng(random_state)
     perm = rng.permutation(len(texts))
     n_cal = min(max(1, int(round(calibration * len(texts)))), len(texts) - 1)
@@ -519,6 +536,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     d_h = chosen[0].head_dim
     ranks = list(range(d_h + 1))
     rows, forms_all, trained_all, weights, kv_index = [], {}, {}, [], []
+    share = np.full((len(chosen), len(head_list)), np.nan)
     total, done = len(chosen) * len(head_list), 0
     train_seconds = 0.0
     n_eval_tokens = 0
@@ -538,6 +556,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                         for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
             parts[name] = _Batches(seqs, rots if rotary else None, causal, torch.float64)
         n_eval_tokens = int(sum(int(g["valid"].sum()) for g in parts["eval"].groups))
+        input_energy = float(np.sum(parts["eval"].tokens()[:, :-1] ** 2))
         tokens = parts["cal"].tokens()
         root_q = _metric_root(tokens.T @ tokens / len(tokens))
         centred = np.concatenate([
@@ -554,13 +573,21 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                          _HeadForms(wq[h], wk[g], rotary, root_q, root_k))
                 forms_all[(li, h, m)] = forms
                 if m in methods:
-                    curves[m], _ = _head_curve(parts["eval"], wq[h], wk[g], wv[g], forms, d_h,
-                                               ranks)
+                    curves[m], _, stream = _head_curve(
+                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks,
+                        None if layer.w_o is None else layer.w_o[h])
+                    share[li, head_list.index(h)] = stream / input_energy
             trained = np.full(d_h + 1, np.nan)
             if "trained" in methods and not rotary:
                 t0 = time.perf_counter()
                 forms = forms_all[(li, h, "data")]
-                for eps in epsilons:
+                for r in [] if train_at is None else train_at.get((layer.index, h), []):
+                    if 1 <= r < d_h:
+                        err, tq, tk = _train_head(parts["cal"], parts["eval"], wq[h], wk[g],
+                                                  wv[g], forms, r, d_h, train_steps)
+                        trained[r] = err
+                        trained_all[(li, h, r)] = (tq, tk)
+                for eps in [] if train_at is not None else epsilons:
                     r = _eps_rank(curves["data"], eps) - 1
                     while r >= 1:
                         if np.isnan(trained[r]):
@@ -589,7 +616,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
         evaluation_index=np.sort(perm[n_cal:]).tolist(),
         n_tokens_evaluation=n_eval_tokens,
         seconds=time.perf_counter() - start - train_seconds, train_seconds=train_seconds,
-        train_steps=train_steps, n_trained=len(trained_all))
+        train_steps=train_steps, n_trained=len(trained_all), output_share=share)
     # Kept for plans and compression (not exported): the factors of every form.
     result._forms, result._trained = forms_all, trained_all
     result._weights, result._kv_index = weights, kv_index
@@ -640,7 +667,8 @@ def _tolerance_ranks(curves, eps):
     return np.array([[_eps_rank(c, eps) for c in layer] for layer in curves])
 
 
-def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="greedy"):
+def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="greedy",
+               weighting="output"):
     """A per-head rank allocation from the measured curves.
 
     Parameters
@@ -656,6 +684,10 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         For a budget: greedy by marginal error (the sum of relative errors over heads), one
         tolerance for all heads (the largest total within the budget), or the same rank for
         every head.
+    weighting : {"output", "none"}, default="output"
+        What the greedy allocation sums: each head's relative error times its
+        ``output_share`` (the head's energy in the residual stream, so that the error is on
+        the scale of what the layer adds), or the relative errors as they are.
 
     Returns
     -------
@@ -667,6 +699,8 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         raise ValueError("Give exactly one of `budget` and `eps`.")
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
+    if weighting not in ("output", "none"):
+        raise ValueError(f"`weighting` must be 'output' or 'none'. Got {weighting!r}.")
     if allocation not in ("greedy", "tolerance", "uniform"):
         raise ValueError("`allocation` must be 'greedy', 'tolerance' or 'uniform'. Got "
                          f"{allocation!r}.")
@@ -682,7 +716,10 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         if allocation == "uniform":
             ranks = np.full(curves.shape[:2], units // (curves.shape[0] * curves.shape[1]))
         elif allocation == "greedy":
-            ranks = _greedy(curves, units)
+            weights = np.ones(curves.shape[:2])
+            if weighting == "output" and np.all(np.isfinite(result.output_share)):
+                weights = np.asarray(result.output_share, dtype=float)
+            ranks = _greedy(curves * weights[..., None], units)
         else:  # one tolerance: bisect on log eps for the largest total within the budget
             lo, hi = 1e-8, 1.0
             ranks = _tolerance_ranks(curves, hi)
@@ -701,7 +738,7 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
                          "error": float(curves[li, hi_, r])})
     used = float(ranks.sum() / (ranks.size * d_h))
     return ResultTable(rows, budget_used=used, method=method, allocation=allocation,
-                       budget=budget, eps=eps, head_dim=d_h)
+                       weighting=weighting, budget=budget, eps=eps, head_dim=d_h)
 
 
 def _projection_names(naming, attention_module):
