@@ -64,13 +64,15 @@ def add_heads_parser(commands):
         "compression", "measure how much query-key rank each head needs on --text and save a "
                        "compressed model")
     compress.add_argument("--compress", metavar="OUT_DIR",
-                          help="write the compressed model (a Hugging Face directory) here")
+                          help="write the compressed model (a Hugging Face directory) here "
+                               "(no default)")
     which = compress.add_mutually_exclusive_group()
     which.add_argument("--budget", type=non_negative_float, metavar="F",
-                       help="total query-key rank kept, a fraction of the full rank in (0, 1]")
+                       help="total query-key rank kept, a fraction of the full rank in (0, 1] "
+                            "(no default)")
     which.add_argument("--eps", type=non_negative_float, metavar="E",
                        help="tolerance: each head keeps the smallest rank whose relative "
-                            "output error is at most E, in (0, 1)")
+                            "output error is at most E, in (0, 1) (no default)")
     compress.add_argument("--train-steps", type=int, default=0, metavar="N",
                           help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
                                "step (default: %(default)s)")
