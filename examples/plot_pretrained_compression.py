@@ -104,7 +104,7 @@ print(f"Plan: {plan.budget_used:.0%} of the full query-key rank, ranks "
 # weight-space curves, one tolerance on the data-aware curves, and the plan (greedy by
 # marginal error on the curves).
 frontier = compression_frontier(model, result, held_out, tokenizer,
-                                budgets=(0.2, 0.3, 0.4) if SMALL else (0.15, 0.2, 0.3, 0.4, 0.5))
+                                budgets=(0.2, 0.4) if SMALL else (0.15, 0.2, 0.3, 0.4, 0.5))
 print(frontier.format())
 CompressionFrontierDisplay.from_result(frontier)
 plt.show()

@@ -223,10 +223,10 @@ def _compress(args, model_dir, texts, out, focus):
         compress_heads,
         embedding_fidelity,
         head_deficiency,
+        load_pretrained,
         perplexity,
         plan_ranks,
     )
-    from ..heads._inputs import load_pretrained
 
     with _quiet_transformers():
         model, tokenizer = load_pretrained(model_dir)

@@ -26,6 +26,7 @@ from ._deficiency import (
     plan_ranks,
     predictor_agreement,
 )
+from ._inputs import load_pretrained
 from ._ranks import HeadRankResult, head_ranks
 from ._text import CALIBRATION_MODULES, HELD_OUT_MODULES, docstring_sentences
 from ._weights import NAMINGS
@@ -46,4 +47,5 @@ __all__ = [
     "docstring_sentences",
     "CALIBRATION_MODULES",
     "HELD_OUT_MODULES",
+    "load_pretrained",
 ]
