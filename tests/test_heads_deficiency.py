@@ -397,3 +397,13 @@ def test_train_at_the_planned_ranks(bert_result):
     with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
         head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
                         train_at=plan)
+
+
+@pytest.mark.parametrize("module", ["_deficiency", "_text"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(f"sklearn_ebound.heads.{module}")
+    failures, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert attempted and not failures
