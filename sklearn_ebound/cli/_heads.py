@@ -3,6 +3,12 @@
 ``ebound heads MODEL_DIR [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
 per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layers x heads heat
 map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
+
+``ebound heads MODEL_DIR --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
+the deficiency curve of every head on the text (half calibration, half evaluation), prints
+the per-head eps-ranks and the planned ranks, writes the curves, the plan and their plots
+under ``--out`` and the compressed model (a Hugging Face directory) to ``OUT_DIR``, and
+reports its embedding cosine (or perplexity) to the original on the evaluation half.
 """
 
 import argparse
@@ -10,7 +16,17 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from ._core import CLIError, add_common_options, emit, out_dir, pyplot, save_figure, write_table
+from ._core import (
+    CLIError,
+    Progress,
+    add_common_options,
+    emit,
+    non_negative_float,
+    out_dir,
+    pyplot,
+    save_figure,
+    write_table,
+)
 
 __all__ = ["add_heads_parser", "heads_command"]
 
@@ -44,6 +60,24 @@ def add_heads_parser(commands):
                         help="the head whose spectra are plotted (default: 0.0)")
     parser.add_argument("--max-length", type=int, default=128,
                         help="tokens per line at most (default: %(default)s)")
+    compress = parser.add_argument_group(
+        "compression", "measure how much query-key rank each head needs on --text and save a "
+                       "compressed model")
+    compress.add_argument("--compress", metavar="OUT_DIR",
+                          help="write the compressed model (a Hugging Face directory) here "
+                               "(no default)")
+    which = compress.add_mutually_exclusive_group()
+    which.add_argument("--budget", type=non_negative_float, metavar="F",
+                       help="total query-key rank kept, a fraction of the full rank in (0, 1] "
+                            "(no default)")
+    which.add_argument("--eps", type=non_negative_float, metavar="E",
+                       help="tolerance: each head keeps the smallest rank whose relative "
+                            "output error is at most E, in (0, 1) (no default)")
+    compress.add_argument("--train-steps", type=int, default=0, metavar="N",
+                          help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
+                               "step (default: %(default)s)")
+    compress.add_argument("--calibration", type=float, default=0.5,
+                          help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
     parser.set_defaults(run=heads_command)
     return parser
@@ -116,6 +150,7 @@ def heads_command(args):
     texts = _read_text(args.text) if args.text else None
     if args.max_length < 1:
         raise CLIError(f"--max-length must be positive. Got {args.max_length}.")
+    compressing = _check_compress(args, texts)
     with _quiet_transformers():
         result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
     layer, head = args.head
@@ -146,5 +181,144 @@ def heads_command(args):
                  + ("" if pngs else " (install matplotlib for the PNGs)"))
     payload = {"summary": summary.to_dict(), "result": result.to_dict(),
                "files": [str(p) for p in written]}
+    if compressing:
+        report, extra = _compress(args, model_dir, texts, out, (layer, head))
+        lines[-1:-1] = report
+        payload.update(extra)
+        payload["files"] += extra["files"]
+        lines[-1] = (f"Wrote {len(payload['files'])} files to {out}; the compressed model to "
+                     f"{args.compress}")
     emit(args, payload, "\n".join(lines))
     return 0
+
+
+def _check_compress(args, texts):
+    """Validate the compression options; True when compressing."""
+    if args.compress is None:
+        if args.budget is not None or args.eps is not None:
+            raise CLIError("--budget and --eps need --compress OUT_DIR")
+        return False
+    if texts is None:
+        raise CLIError("--compress needs --text FILE (the text the heads are measured on)")
+    if args.budget is None and args.eps is None:
+        raise CLIError("--compress needs --budget F or --eps E")
+    if args.budget is not None and not 0 < args.budget <= 1:
+        raise CLIError(f"--budget must be in (0, 1]. Got {args.budget}.")
+    if args.eps is not None and not 0 < args.eps < 1:
+        raise CLIError(f"--eps must be in (0, 1). Got {args.eps}.")
+    if args.train_steps < 0:
+        raise CLIError(f"--train-steps must be >= 0. Got {args.train_steps}.")
+    if not 0 < args.calibration < 1:
+        raise CLIError(f"--calibration must be in (0, 1). Got {args.calibration}.")
+    if len(texts) < 4:
+        raise CLIError(f"--compress needs at least 4 lines of text. Got {len(texts)}.")
+    return True
+
+
+def _compress(args, model_dir, texts, out, focus):
+    """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``."""
+    import numpy as np
+
+    from ..heads import (
+        compress_heads,
+        embedding_fidelity,
+        head_deficiency,
+        load_pretrained,
+        perplexity,
+        plan_ranks,
+    )
+
+    with _quiet_transformers():
+        model, tokenizer = load_pretrained(model_dir)
+    if tokenizer is None:
+        raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
+    epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
+                                                                        args.eps}))
+    common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
+                  max_length=args.max_length, random_state=args.seed)
+    result = head_deficiency(model, texts, methods=("weight", "data"),
+                             progress=Progress("heads"), **common)
+    plan = (plan_ranks(result, eps=args.eps, method="data") if args.eps is not None
+            else plan_ranks(result, budget=args.budget, method="data"))
+    method = "data"
+    if args.train_steps:
+        # Second pass: the planned ranks trained, so that the compressed heads are the
+        # achievable pairs at those ranks.
+        result = head_deficiency(model, texts, train_at=plan, train_steps=args.train_steps,
+                                 progress=Progress("training heads"), **common)
+        method = "trained"
+    compressed = compress_heads(model, result, plan, method=method)
+    target = Path(args.compress)
+    target.mkdir(parents=True, exist_ok=True)
+    compressed.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    evaluation = [texts[i] for i in result.evaluation_index]
+    if getattr(model, "get_output_embeddings", lambda: None)() is not None:
+        fidelity = {"measure": "perplexity",
+                    "original": perplexity(model, evaluation, tokenizer),
+                    "compressed": perplexity(compressed, evaluation, tokenizer)}
+        measured = (f"perplexity on the evaluation half {fidelity['compressed']:.4g} "
+                    f"(original {fidelity['original']:.4g})")
+    else:
+        table = embedding_fidelity(model, compressed, evaluation, tokenizer,
+                                   max_length=args.max_length)
+        fidelity = {"measure": "cosine", "mean": table.mean_cosine, "min": table.min_cosine}
+        measured = (f"embedding cosine to the original on the evaluation half: mean "
+                    f"{table.mean_cosine:.4f}, min {table.min_cosine:.4f}")
+    eps_table = result.eps_ranks()
+    trained_curves = result.curves("trained")
+    planned = {(r["layer"], r["head"]): r for r in plan.rows}
+    per_head = []
+    for row in eps_table.rows:
+        entry = {k: v for k, v in row.items() if not k.startswith("trained_")}
+        rank = planned[(row["layer"], row["head"])]["rank"]
+        entry["plan_rank"] = rank
+        entry["plan_error"] = planned[(row["layer"], row["head"])]["error"]
+        if args.train_steps:
+            li = result.layer_indices.index(row["layer"])
+            trained = trained_curves[li, result.heads.index(row["head"]), rank]
+            entry["plan_error_trained"] = float(min(trained, entry["plan_error"])) if \
+                np.isfinite(trained) else entry["plan_error"]
+        per_head.append(entry)
+    from .._results import ResultTable
+
+    heads_table = ResultTable(per_head, head_dim=result.head_dim)
+    files = (write_table(result, out, "deficiency") + write_table(heads_table, out, "eps_ranks")
+             + write_table(plan, out, "plan") + _deficiency_pngs(result, out, focus))
+    goal = (f"budget {args.budget:g}" if args.eps is None else f"tolerance eps = {args.eps:g}")
+    report = [
+        f"Deficiency curves of {len(eps_table.rows)} heads at every rank on "
+        f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
+        f"{result.seconds:.1f} s" + (f", trained step {result.train_seconds:.1f} s"
+                                     if args.train_steps else "") + ".",
+        "Per head: smallest rank with relative output error <= eps, and the planned rank:",
+        heads_table.format(),
+        "eps-ranks over heads (median, min, max):",
+        result.summary().format(),
+        f"Plan (greedy on the data-aware curves, {goal}"
+        + (", the planned ranks trained" if args.train_steps else "")
+        + f"): {plan.budget_used:.1%} of the full query-key rank "
+        f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
+    ]
+    payload = {"deficiency_summary": result.summary().to_dict(), "eps_ranks":
+               heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
+               "compressed_model": str(target), "files": [str(p) for p in files]}
+    return report, payload
+
+
+def _deficiency_pngs(result, out, focus):
+    """Curves of all heads and of the focus head; [] without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return []
+    from ..display import HeadDeficiencyDisplay
+
+    paths = [save_figure(HeadDeficiencyDisplay.from_result(result).figure_,
+                         out / "deficiency_all_heads.png", dpi=100)]
+    layer, head = focus
+    if layer in result.layer_indices and head in result.heads:
+        display = HeadDeficiencyDisplay.from_result(result, result.layer_indices.index(layer),
+                                                    result.heads.index(head))
+        paths.append(save_figure(display.figure_, out / f"deficiency_layer{layer}_head{head}.png",
+                                 dpi=100))
+    return paths

@@ -6,7 +6,12 @@ is imported only when drawing; install it with ``pip install "sklearn-ebound[plo
 """
 
 from ._frontier import FrontierDisplay
-from ._heads import HeadRankDisplay, HeadSpectrumDisplay
+from ._heads import (
+    CompressionFrontierDisplay,
+    HeadDeficiencyDisplay,
+    HeadRankDisplay,
+    HeadSpectrumDisplay,
+)
 from ._spectrum import SpectrumDisplay
 from ._sweep import RankSweepDisplay
 
@@ -16,4 +21,6 @@ __all__ = [
     "FrontierDisplay",
     "HeadRankDisplay",
     "HeadSpectrumDisplay",
+    "HeadDeficiencyDisplay",
+    "CompressionFrontierDisplay",
 ]

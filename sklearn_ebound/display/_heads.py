@@ -5,7 +5,8 @@ import numpy as np
 from .._spectrum import energy_rank
 from ._matplotlib import import_pyplot, new_axes
 
-__all__ = ["HeadRankDisplay", "HeadSpectrumDisplay"]
+__all__ = ["HeadRankDisplay", "HeadSpectrumDisplay", "HeadDeficiencyDisplay",
+           "CompressionFrontierDisplay"]
 
 
 def _percent(tau):
@@ -259,3 +260,215 @@ class HeadSpectrumDisplay:
                       field_spectrum=None if field is None else np.asarray(field)[layer, head],
                       taus=tuple(result.taus), layer=layer, head=head)
         return display.plot(ax=ax, **kwargs)
+
+
+_METHOD_LABELS = {"weight": "weight-space truncation", "data": "data-aware truncation",
+                  "trained": "achievable (trained)"}
+
+
+class HeadDeficiencyDisplay:
+    """Deficiency curves: a head's relative output error against its query-key rank.
+
+    One line per method (weight-space truncation of the form on ``[x, 1]``, data-aware
+    truncation, the achievable trained pairs), on a log scale, with the tolerances ``eps`` as
+    dotted horizontal lines: the eps-rank of a method is where its line first falls below
+    one. For all heads at once (``layer=None``) each line is the median over heads, with the
+    band between the 10th and 90th percentiles.
+
+    Create it with :meth:`from_result`; all parameters are stored as attributes.
+
+    Parameters
+    ----------
+    curves : dict of str to ndarray
+        Method to errors, each ``(d_h + 1,)`` (one head) or ``(n_heads, d_h + 1)`` (a median
+        and a band are drawn); NaN where not measured.
+    epsilons : sequence of float, default=()
+        Tolerances drawn as horizontal lines.
+    title : str, default=None
+        The axes title.
+
+    Attributes
+    ----------
+    lines_ : dict of str to matplotlib Line2D
+        One line per method.
+    ax_ : matplotlib Axes
+    figure_ : matplotlib Figure
+
+    See Also
+    --------
+    sklearn_ebound.heads.head_deficiency : Compute the curves.
+    CompressionFrontierDisplay : What the curves give end to end.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> import numpy as np
+    >>> from sklearn_ebound.display import HeadDeficiencyDisplay
+    >>> curves = {"weight": np.linspace(1, 0, 9) ** 2, "data": np.linspace(1, 0, 9) ** 4}
+    >>> display = HeadDeficiencyDisplay(curves=curves, epsilons=(0.1,)).plot()
+    >>> sorted(display.lines_)
+    ['data', 'weight']
+    >>> plt.close("all")
+    """
+
+    def __init__(self, *, curves, epsilons=(), title=None):
+        self.curves = curves
+        self.epsilons = epsilons
+        self.title = title
+
+    def plot(self, ax=None):
+        """Draw the curves.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes, default=None
+            Axes to draw on; ``None`` creates a new figure.
+
+        Returns
+        -------
+        display : HeadDeficiencyDisplay
+        """
+        self.figure_, self.ax_ = new_axes(ax, f"{type(self).__name__}.plot")
+        ax = self.ax_
+        self.lines_ = {}
+        floor = 1e-6
+        for method, values in self.curves.items():
+            values = np.asarray(values, dtype=float)
+            ranks = np.arange(values.shape[-1])
+            label = _METHOD_LABELS.get(method, method)
+            if values.ndim == 1:
+                keep = ~np.isnan(values)
+                style = "o" if method == "trained" else "o-"
+                (line,) = ax.semilogy(ranks[keep], np.maximum(values[keep], floor), style,
+                                      markersize=3, label=label)
+            else:
+                if np.isnan(values).all():
+                    continue
+                keep = ~np.isnan(values).all(axis=0)
+                median = np.nanmedian(values[:, keep], axis=0)
+                (line,) = ax.semilogy(ranks[keep], np.maximum(median, floor), "o-",
+                                      markersize=3, label=f"{label} (median)")
+                low, high = np.nanpercentile(values[:, keep], [10, 90], axis=0)
+                ax.fill_between(ranks[keep], np.maximum(low, floor), np.maximum(high, floor),
+                                color=line.get_color(), alpha=0.15)
+            self.lines_[method] = line
+        for eps in self.epsilons:
+            ax.axhline(eps, linestyle=":", color="grey", linewidth=1)
+        ax.set_xlabel("query-key rank r")
+        ax.set_ylabel("relative output error err(r)")
+        if self.title:
+            ax.set_title(self.title)
+        ax.legend()
+        return self
+
+    @classmethod
+    def from_result(cls, result, layer=None, head=None, *, methods=None, ax=None):
+        """Draw the curves of one head, or of all heads (``layer=None``).
+
+        Parameters
+        ----------
+        result : HeadDeficiencyResult
+            Output of :func:`~sklearn_ebound.heads.head_deficiency`.
+        layer : int, default=None
+            Position of the layer among the result's layers; ``None`` draws every head.
+        head : int, default=None
+            Query head (its position among the result's heads); needed with ``layer``.
+        methods : sequence of str, default=None
+            Methods to draw; ``None`` draws those measured.
+        ax : matplotlib Axes, default=None
+
+        Returns
+        -------
+        display : HeadDeficiencyDisplay
+        """
+        import_pyplot(f"{cls.__name__}.from_result")
+        methods = ("weight", "data", "trained") if methods is None else methods
+        curves = {}
+        for method in methods:
+            values = result.curves(method)
+            if np.isnan(values).all():
+                continue
+            curves[method] = (values.reshape(-1, values.shape[-1]) if layer is None
+                              else values[layer, head])
+        title = (f"{result.n_layers * result.n_heads} heads" if layer is None
+                 else f"layer {result.layer_indices[layer]}, head {result.heads[head]}")
+        return cls(curves=curves, epsilons=result.epsilons, title=title).plot(ax=ax)
+
+
+_STRATEGY_LABELS = {"uniform": "same rank for every head", "weight": "weight-space, one tolerance",
+                    "data": "data-aware, one tolerance",
+                    "plan": "plan: greedy by marginal error"}
+
+
+class CompressionFrontierDisplay:
+    """End-to-end fidelity of compressed models against the query-key rank kept.
+
+    One line per strategy (uniform rank, weight-space, data-aware, the package's plan): the
+    mean embedding cosine to the original model (a sentence-embedding model), or the
+    perplexity (a causal language model, with the original's as a dotted line), against the
+    fraction of the full query-key rank kept.
+
+    Create it with :meth:`from_result`; all parameters are stored as attributes.
+
+    Parameters
+    ----------
+    frontier : ResultTable
+        Output of :func:`~sklearn_ebound.heads.compression_frontier`.
+    column : str, default=None
+        The measure drawn; ``None`` means ``"mean_cosine"`` or ``"perplexity"``.
+
+    Attributes
+    ----------
+    lines_ : dict of str to matplotlib Line2D
+    ax_ : matplotlib Axes
+    figure_ : matplotlib Figure
+
+    See Also
+    --------
+    sklearn_ebound.heads.compression_frontier : Compute the frontier.
+    HeadDeficiencyDisplay : The per-head curves the plans are read from.
+
+    Examples
+    --------
+    >>> import matplotlib.pyplot as plt
+    >>> from sklearn_ebound._results import ResultTable
+    >>> from sklearn_ebound.display import CompressionFrontierDisplay
+    >>> rows = [{"strategy": s, "budget": b, "budget_used": b, "mean_cosine": 1 - (1 - b) / k}
+    ...         for s, k in (("uniform", 20), ("plan", 60)) for b in (0.2, 0.4)]
+    >>> display = CompressionFrontierDisplay.from_result(ResultTable(rows, measure="cosine"))
+    >>> sorted(display.lines_)
+    ['plan', 'uniform']
+    >>> plt.close("all")
+    """
+
+    def __init__(self, *, frontier, column=None):
+        self.frontier = frontier
+        self.column = column
+
+    def plot(self, ax=None):
+        """Draw the frontier; returns the display."""
+        self.figure_, self.ax_ = new_axes(ax, f"{type(self).__name__}.plot")
+        ax = self.ax_
+        perplexity = getattr(self.frontier, "measure", "cosine") == "perplexity"
+        column = self.column or ("perplexity" if perplexity else "mean_cosine")
+        self.lines_ = {}
+        for strategy in dict.fromkeys(row["strategy"] for row in self.frontier.rows):
+            rows = [r for r in self.frontier.rows if r["strategy"] == strategy]
+            x = [100 * r["budget_used"] for r in rows]
+            y = [r[column] for r in rows]
+            (line,) = ax.plot(x, y, "o-", markersize=4,
+                              label=_STRATEGY_LABELS.get(strategy, strategy))
+            self.lines_[strategy] = line
+        if perplexity and "perplexity_original" in self.frontier.meta:
+            ax.axhline(self.frontier.perplexity_original, linestyle=":", color="grey",
+                       label="original")
+        ax.set_xlabel("query-key rank kept (% of the full rank)")
+        ax.set_ylabel(column.replace("_", " "))
+        ax.legend()
+        return self
+
+    @classmethod
+    def from_result(cls, frontier, column=None, *, ax=None):
+        """Draw a :func:`~sklearn_ebound.heads.compression_frontier` table."""
+        import_pyplot(f"{cls.__name__}.from_result")
+        return cls(frontier=frontier, column=column).plot(ax=ax)

@@ -2,13 +2,50 @@
 
 :func:`head_ranks` reads the query-key kernel ``W_Q W_K^T`` of every head of a Hugging Face
 model (BERT-, GPT-2- and LLaMA-style, grouped-query attention and rotary embeddings included)
-or of a plain state dict, and, given text, the logit field the head produces on it. Running
-models needs the optional ``heads`` extra (``transformers``, ``safetensors``); state dicts of
-numpy arrays need nothing more than numpy. :class:`~sklearn_ebound.display.HeadRankDisplay`
-and :class:`~sklearn_ebound.display.HeadSpectrumDisplay` draw the result.
+or of a plain state dict, and, given text, the logit field the head produces on it.
+:func:`head_deficiency` measures how much query-key rank each head needs on its own output
+(weight-space, data-aware and trained rank-``r`` forms, at every rank);
+:func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
+needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model,
+:func:`compression_frontier`, :func:`embedding_fidelity` and :func:`perplexity` measure it end
+to end. Running models needs the optional ``heads`` extra (``transformers``,
+``safetensors``); state dicts of numpy arrays need nothing more than numpy.
+:class:`~sklearn_ebound.display.HeadRankDisplay`,
+:class:`~sklearn_ebound.display.HeadSpectrumDisplay` and
+:class:`~sklearn_ebound.display.HeadDeficiencyDisplay` draw the results.
 """
 
+from ._deficiency import (
+    HeadDeficiencyResult,
+    compress_heads,
+    compression_frontier,
+    embedding_fidelity,
+    head_deficiency,
+    head_predictors,
+    perplexity,
+    plan_ranks,
+    predictor_agreement,
+)
+from ._inputs import load_pretrained
 from ._ranks import HeadRankResult, head_ranks
+from ._text import CALIBRATION_MODULES, HELD_OUT_MODULES, docstring_sentences
 from ._weights import NAMINGS
 
-__all__ = ["HeadRankResult", "head_ranks", "NAMINGS"]
+__all__ = [
+    "HeadRankResult",
+    "head_ranks",
+    "NAMINGS",
+    "HeadDeficiencyResult",
+    "head_deficiency",
+    "head_predictors",
+    "predictor_agreement",
+    "plan_ranks",
+    "compress_heads",
+    "compression_frontier",
+    "embedding_fidelity",
+    "perplexity",
+    "docstring_sentences",
+    "CALIBRATION_MODULES",
+    "HELD_OUT_MODULES",
+    "load_pretrained",
+]

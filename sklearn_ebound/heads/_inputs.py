@@ -87,7 +87,12 @@ def _tokenize(tokenizer, texts, max_length, batch_size):
                         max_length=max_length, return_tensors="pt")
 
 
-def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, batch_size=32):
+class _Captured(Exception):
+    """Raised by a hook once the last requested layer's input is kept: the rest is not needed."""
+
+
+def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, batch_size=32,
+                   stop_early=False):
     """Run ``model`` on ``texts`` and collect what enters each layer's query projection.
 
     Parameters
@@ -100,6 +105,10 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
         A Hugging Face tokenizer.
     rotary : bool
         Capture the ``(cos, sin)`` rotary tables passed to the attention blocks.
+    stop_early : bool, default=False
+        Stop each forward pass once the inputs of the last of ``layers`` (in model order) are
+        kept: the layers above it are not run. Capturing one layer at a time this way keeps
+        only that layer's activations in memory.
 
     Returns
     -------
@@ -114,9 +123,11 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
     tables = [[] for _ in layers]
     hooks = []
 
-    def keep_input(store):
+    def keep_input(store, last=False):
         def hook(module, args):
             store.append(args[0].detach().float())
+            if last:
+                raise _Captured
         return hook
 
     def keep_rotation(store):
@@ -128,9 +139,10 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
         return hook
 
     try:
+        deepest = max(layer.index for layer in layers)
         for layer, store, table in zip(layers, captured, tables, strict=True):
             hooks.append(model.get_submodule(layer.module).register_forward_pre_hook(
-                keep_input(store)))
+                keep_input(store, stop_early and layer.index == deepest)))
             if rotary:
                 hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
                     keep_rotation(table), with_kwargs=True))
@@ -141,7 +153,10 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
             with torch.no_grad():
                 for batch in _tokenize(tokenizer, texts, max_length, batch_size):
                     masks.append(batch["attention_mask"].bool())
-                    model(**batch)
+                    try:
+                        model(**batch)
+                    except _Captured:
+                        pass
         finally:
             model.train(was_training)
     finally:

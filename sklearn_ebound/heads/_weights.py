@@ -47,6 +47,11 @@ class QKLayer:
 
     ``module`` is the dotted name of the query projection in the model (used to capture the
     hidden states that enter it); ``attention_module`` the name of the attention block.
+    ``w_v`` and ``b_v`` are the value maps in the same column layout (value of head ``h`` for
+    a token ``x``: ``x W_V[g] + b_V[g]``, ``g`` its key head), ``None`` when the state dict
+    holds no value weights. ``w_o`` is each head's block of the output projection, in row
+    layout: the head's output ``O_h`` (``n x d_h``) enters the residual stream as
+    ``O_h w_o[h]``.
     """
 
     index: int
@@ -56,6 +61,9 @@ class QKLayer:
     b_k: np.ndarray | None  # (n_kv_heads, d_h)
     module: str
     attention_module: str
+    w_v: np.ndarray | None = None  # (n_kv_heads, d, d_h): value maps, when the state has them
+    b_v: np.ndarray | None = None  # (n_kv_heads, d_h)
+    w_o: np.ndarray | None = None  # (n_heads, d_h, d): head h adds O_h @ w_o[h] to the stream
 
     @property
     def n_heads(self):
@@ -113,7 +121,12 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
         w_k = _linear_heads(_get(state, base + "key.weight"), n_heads, base + "key.weight")
         b_q = _bias_heads(_get(state, base + "query.bias", False), n_heads)
         b_k = _bias_heads(_get(state, base + "key.bias", False), n_heads)
-        return QKLayer(i, w_q, w_k, b_q, b_k, base + "query", base.rstrip("."))
+        w_v = _get(state, base + "value.weight", False)
+        w_v = None if w_v is None else _linear_heads(w_v, n_heads, base + "value.weight")
+        b_v = _bias_heads(_get(state, base + "value.bias", False), n_heads)
+        w_o = _get(state, f"{prefix}encoder.layer.{i}.attention.output.dense.weight", False)
+        return QKLayer(i, w_q, w_k, b_q, b_k, base + "query", base.rstrip("."), w_v, b_v,
+                       _output_heads(w_o, n_heads, linear=True))
     if naming == "gpt2":
         base = f"{prefix}h.{i}.attn."
         weight = _get(state, base + "c_attn.weight")
@@ -130,7 +143,11 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
         bias = _get(state, base + "c_attn.bias", False)
         b_q = None if bias is None else bias[:d].reshape(n_heads, d_h)
         b_k = None if bias is None else bias[d:2 * d].reshape(n_heads, d_h)
-        return QKLayer(i, w_q, w_k, b_q, b_k, base + "c_attn", base.rstrip("."))
+        w_v = weight[:, 2 * d:].reshape(d, n_heads, d_h).transpose(1, 0, 2)
+        b_v = None if bias is None else bias[2 * d:].reshape(n_heads, d_h)
+        w_o = _get(state, base + "c_proj.weight", False)
+        return QKLayer(i, w_q, w_k, b_q, b_k, base + "c_attn", base.rstrip("."), w_v, b_v,
+                       _output_heads(w_o, n_heads, linear=False))
     base = f"{prefix}layers.{i}.self_attn."
     w_q = _linear_heads(_get(state, base + "q_proj.weight"), n_heads, base + "q_proj.weight")
     w_k = _linear_heads(_get(state, base + "k_proj.weight"), n_kv_heads,
@@ -141,7 +158,26 @@ def _read_layer(state, naming, prefix, i, n_heads, n_kv_heads):
             f"{w_k.shape[2]} differ; check `n_heads` and `n_kv_heads`.")
     b_q = _bias_heads(_get(state, base + "q_proj.bias", False), n_heads)
     b_k = _bias_heads(_get(state, base + "k_proj.bias", False), n_kv_heads)
-    return QKLayer(i, w_q, w_k, b_q, b_k, base + "q_proj", base.rstrip("."))
+    w_v = _get(state, base + "v_proj.weight", False)
+    w_v = None if w_v is None else _linear_heads(w_v, n_kv_heads, base + "v_proj.weight")
+    b_v = _bias_heads(_get(state, base + "v_proj.bias", False), n_kv_heads)
+    w_o = _get(state, base + "o_proj.weight", False)
+    return QKLayer(i, w_q, w_k, b_q, b_k, base + "q_proj", base.rstrip("."), w_v, b_v,
+                   _output_heads(w_o, n_heads, linear=True))
+
+
+def _output_heads(weight, n_heads, linear):
+    """Output projection to per-head row maps ``(n_heads, d_h, d_out)``; None if absent.
+
+    ``nn.Linear`` stores ``(d_out, n_heads d_h)`` (``y = x W^T``), GPT-2's ``Conv1D``
+    ``(n_heads d_h, d_out)`` (``y = x W``).
+    """
+    if weight is None:
+        return None
+    rows = weight.T if linear else weight
+    if rows.shape[0] % n_heads:
+        return None
+    return rows.reshape(n_heads, rows.shape[0] // n_heads, rows.shape[1])
 
 
 def detect_naming(keys, naming=None):

