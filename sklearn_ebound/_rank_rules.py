@@ -85,11 +85,12 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             directions = operator.coef @ operator.output_directions[:, : reading.rank]
         components = orthonormal_directions(directions)
     caveats = list(reading.caveats)
+    exact = kernel is not None and kernel.get("exact", attention == "linear")
     if kernel is not None and attention == "softmax":
-        caveats.append(logit_caveat(kernel.logit_rms))
-    # The model is only approximate for softmax and for an unknown value map: its error is
-    # systematic, so the threshold's rank is capped by the energy of what passed.
-    approximate = name == "per_token" or (name == "kernel" and attention == "softmax")
+        caveats.append(logit_caveat(kernel.logit_rms, exact))
+    # The model is only approximate for an unknown value map and for the linearised softmax:
+    # its error is systematic, so the threshold's rank is capped by the energy of what passed.
+    approximate = name == "per_token" or (name == "kernel" and not exact)
     if approximate and criterion == "threshold":
         reading = cap_by_energy(reading, s, tau)
         if name == "per_token":
@@ -389,9 +390,10 @@ def short_sequence_caveat(n_tokens, tau):
             "lower tau.")
 
 
-def logit_caveat(logit_rms):
-    """Where the fitted softmax logits are too large for its linearisation, a caveat."""
-    if logit_rms <= 1:
+def logit_caveat(logit_rms, exact=False):
+    """Where the fitted softmax logits are too large for its linearisation, a caveat; none
+    where the kernel is the converged least squares of the softmax model itself (``exact``)."""
+    if exact or logit_rms <= 1:
         return None
     return (f"The fitted attention logits have root-mean-square {logit_rms:.2f} > 1: the "
             "linearisation of the softmax is strained and the rank may be wrong.")
