@@ -265,6 +265,9 @@ class KernelMoments:
         self.n_tokens = None
         self.n_targets = self.V.shape[0]
         self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
+        # Without a mask, linear attention's normal operator needs only each sequence's
+        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d < n.
+        self.moment_blocks = []
         self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
 
     @property
@@ -274,6 +277,10 @@ class KernelMoments:
     @property
     def keeps_data(self):
         return self.C is None or (self.centred and self.refine)
+
+    @property
+    def _keeps_moments(self):
+        return self.C is None and not self.centred and self.V.shape[1] < self.n_tokens
 
     def _start(self, n_tokens):
         self.n_tokens = n_tokens
@@ -301,12 +308,17 @@ class KernelMoments:
             valid = None if lengths is None else valid_tokens(lengths[start:start + _CHUNK],
                                                               X.shape[1])
             allowed = allowed_keys(self._mask, valid, X.shape[1])
-            if allowed is None:
+            n, d = X.shape[1], X.shape[2]
+            if allowed is None and self.C is None and n < d:
+                # Wide tokens: the products through the n x n token Gram (O(n^2 d)) are
+                # cheaper than through the d x d moments (O(d^3)).
+                self._add_masked(Xb, Yb, np.ones((1, n, n), dtype=bool), VtV)
+            elif allowed is None:
                 self._add_unmasked(Xb, Yb, VtV)
             else:
                 self._add_masked(Xb, Yb, allowed, VtV)
             self.n_sequences += len(Xb)
-            if self.keeps_data:
+            if self.keeps_data and not (allowed is None and self._keeps_moments):
                 self.blocks.append((Xb, Yb if self.centred else None, valid))
         return self
 
@@ -323,6 +335,8 @@ class KernelMoments:
         else:
             S = P / n
         T = S @ VtV @ S
+        if self._keeps_moments:
+            self.moment_blocks.append(S)
         if self.C is not None:
             _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
         # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
@@ -386,6 +400,7 @@ class KernelMoments:
         self.n_sequences += other.n_sequences
         self.n_queries += other.n_queries
         self.blocks += other.blocks
+        self.moment_blocks += other.moment_blocks
         return self
 
     # --- the dense and compressed solves ------------------------------------------------------
@@ -456,6 +471,9 @@ class KernelMoments:
         """Merge the kept chunks (``partial_fit`` may send tiny ones) into blocks of about
         ``_BLOCK_VALUES`` floats of per-block temporaries; done once per solve."""
         n, d = self.n_tokens, self.rhs.shape[0]
+        if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < _CHUNK:
+            S = np.concatenate(self.moment_blocks)
+            self.moment_blocks = [S[i:i + _CHUNK] for i in range(0, len(S), _CHUNK)]
         size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
         if all(len(X) >= min(size, _CHUNK) for X, _, _ in self.blocks[:-1]):
             return
@@ -500,7 +518,13 @@ class KernelMoments:
         """``G vec(D)`` (the Gauss–Newton matrix at ``A`` for softmax) by per-sequence
         products."""
         out = np.zeros_like(D)
-        d = D.shape[0]
+        d, n = D.shape[0], self.n_tokens
+        VtV = None if self._identity else self.V.T @ self.V
+        for S in self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
+            R = S @ (D @ S)
+            if VtV is not None:
+                R = VtV @ R
+            out += n * (S @ R).sum(axis=0)
         for X, _, weights, queries in self._passes(A):
             R = _apply_moments(X, X @ D.T, weights, self.centred)
             if not self._identity:
@@ -562,7 +586,7 @@ class KernelMoments:
                 break
         return A, loss, T_sum, converged
 
-    def solve(self, dense_limit=4096, tol=1e-10):
+    def solve(self, dense_limit=4096, tol=1e-9):
         """Least-squares kernel, its noise-whitened spectrum and the threshold rank.
 
         With the dense statistics and up to ``dense_limit`` unknowns the normal matrix is
