@@ -266,7 +266,7 @@ class KernelMoments:
         self.n_targets = self.V.shape[0]
         self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
         # Without a mask, linear attention's normal operator needs only each sequence's
-        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d < n.
+        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n.
         self.moment_blocks = []
         self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
 
@@ -280,7 +280,7 @@ class KernelMoments:
 
     @property
     def _keeps_moments(self):
-        return self.C is None and not self.centred and self.V.shape[1] < self.n_tokens
+        return self.C is None and not self.centred and self.V.shape[1] <= self.n_tokens
 
     def _start(self, n_tokens):
         self.n_tokens = n_tokens
@@ -586,6 +586,22 @@ class KernelMoments:
                 break
         return A, loss, T_sum, converged
 
+    def _local_noise(self, whitened_direction, T_root, P_root, A, tol=1e-4):
+        """The noise variance along a direction of the whitened kernel, relative to the
+        ``sigma^2`` the Kronecker whitening assumes: ``vec(B)ᵀ G^{-1} vec(B) / N`` with
+        ``B = T^{1/2} Z P^{1/2}`` (``Z`` of unit norm; ``A``: the Gauss–Newton point, or
+        ``None``). One conjugate-gradient solve."""
+        B = T_root @ whitened_direction @ P_root
+        if A is None and self.C is not None:
+            index = self._index()
+            apply = lambda Z: self._matvec(Z, index)  # noqa: E731
+            T_sum = self.T_sum
+        else:
+            apply = lambda Z: self._normal_apply(Z, A)  # noqa: E731
+            T_sum = T_root @ T_root
+        solution, _ = _conjugate_gradients(apply, B, self._preconditioner(T_sum), tol, 300)
+        return float(np.sum(B * solution)) / self.n_queries
+
     def solve(self, dense_limit=4096, tol=1e-9):
         """Least-squares kernel, its noise-whitened spectrum and the threshold rank.
 
@@ -604,6 +620,10 @@ class KernelMoments:
         ``whitened``), ``threshold``, ``rank``, ``noise_variance``, ``logit_rms``
         (root-mean-square of the fitted logits ``x_iᵀ W x_j`` over independent tokens, times
         the softmax factor), ``linearised_logit_rms`` (the same for the linearised solve),
+        ``kronecker_rank`` (the count above the uncorrected cut), ``local_noise`` (``{k:
+        ratio}``: the noise variance along the singular directions near the cut relative to
+        the whitening's assumption; the cut of direction ``k`` is scaled by its square
+        root),
         ``converged`` (``False`` where the softmax fit did not converge) and ``solver``.
         """
         if self.n_sequences == 0:
@@ -625,20 +645,42 @@ class KernelMoments:
                   64 * np.finfo(float).eps * self.y_energy)
         root = _sqrtm_psd(self.P_sum / N)
         linearised_rms = float(np.linalg.norm(root @ A.T @ root))
-        T_sum, converged = self.T_sum, True
+        T_sum, converged, weights_at = self.T_sum, True, None
         if self.centred and self.refine and self.blocks:
             self._consolidate()
             A, loss, T_sum, converged = self._gauss_newton(A)
             rss = max(loss, 64 * np.finfo(float).eps * self.y_energy)
+            weights_at = A
+
         # N d_out observations, d^2 parameters.
         noise_variance = rss / max(N * self.n_targets - d * d, 1)
-        whitened = _sqrtm_psd(T_sum) @ A @ _sqrtm_psd(self.P_sum) / np.sqrt(N)
-        s = np.linalg.svd(whitened, compute_uv=False)
+        T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
+        whitened = T_root @ A @ P_root / np.sqrt(N)
+        U, s, Vt = np.linalg.svd(whitened)
         threshold = optimal_hard_threshold(s, np.sqrt(noise_variance), shape=(d, d))
+        # The whitening takes G for a Kronecker product. Near the cut, the noise variance
+        # along each singular direction is computed from G itself, and the cut scaled by it.
+        kronecker_rank = rank = int(np.sum(s > threshold))
+        local = {}
+
+        def passes(k):  # s_k against the cut scaled by the noise along its own direction
+            if not threshold / 2 < s[k] < 2 * threshold:
+                return s[k] > threshold
+            local[k] = self._local_noise(np.outer(U[:, k], Vt[k]), T_root, P_root, weights_at)
+            return s[k] > threshold * np.sqrt(max(local[k], 0.0))
+
+        # Only the values next to the cut decide the count: walk down while the last one
+        # counted fails its corrected cut, or up while the first one left out passes it.
+        while rank > 0 and len(local) < 6 and not passes(rank - 1):
+            rank -= 1
+        if rank == kronecker_rank:
+            while rank < d and len(local) < 6 and passes(rank):
+                rank += 1
         kernel = A.T
         # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
         return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
-                     rank=int(np.sum(s > threshold)), noise_variance=noise_variance,
+                     rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
+                     noise_variance=noise_variance,
                      logit_rms=float(np.linalg.norm(root @ kernel @ root)),
                      linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
                      exact=not self.centred or (bool(self.blocks) and self.refine and converged))

@@ -47,6 +47,7 @@ __all__ = [
     "static_rule",
     "cap_by_energy",
     "logit_caveat",
+    "whitening_caveat",
     "short_sequence_caveat",
 ]
 
@@ -88,6 +89,8 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
     exact = kernel is not None and kernel.get("exact", attention == "linear")
     if kernel is not None and attention == "softmax":
         caveats.append(logit_caveat(kernel.logit_rms, exact))
+    if kernel is not None and criterion == "threshold":
+        caveats.append(whitening_caveat(kernel))
     # The model is only approximate for an unknown value map and for the linearised softmax:
     # its error is systematic, so the threshold's rank is capped by the energy of what passed.
     approximate = name == "per_token" or (name == "kernel" and not exact)
@@ -388,6 +391,24 @@ def short_sequence_caveat(n_tokens, tau):
             f"2 / n_tokens^2 = {2 / n_tokens**2:.3g}, more than 1 - tau = {1 - tau:.3g}: "
             "the rank may be overestimated. Pass the value map, use longer sequences, or "
             "lower tau.")
+
+
+def whitening_caveat(fit):
+    """Where the noise whitening of the kernel alone would have read another rank, a caveat.
+
+    The whitening takes the least squares' normal matrix for a Kronecker product; near the cut
+    :meth:`KernelMoments.solve` scales the cut by the noise variance computed from the normal
+    matrix itself along each singular direction. Where that correction changes the count the
+    rank rests on it, and the caveat says so."""
+    kronecker = fit.get("kronecker_rank", fit.rank)
+    if kronecker == fit.rank:
+        return None
+    ratios = ", ".join(f"{v:.2f}" for v in fit.local_noise.values())
+    return (f"Near the threshold the noise of the query-key kernel is not what its Kronecker "
+            f"whitening assumes (variance ratios {ratios} along the singular directions "
+            f"there, as with large logits or few keys per query): corrected, the rank is "
+            f"{fit.rank}; uncorrected it would be {kronecker}. Values this close to the cut "
+            "make the rank uncertain.")
 
 
 def logit_caveat(logit_rms, exact=False):
