@@ -2,7 +2,7 @@
 
 ``IntrinsicRankEstimator("attention", attention="linear", value="identity")`` reads the rank of
 the query–key kernel ``W`` (``d x d``) from sequences ``X (N, n, d) -> Y (N, n, d)`` of a linear
-attention task with planted ``rank(W)``. Its least squares has ``d^2`` unknowns: up to ``d = 64``
+attention task with planted ``rank(W)``. Its least squares has ``d^2`` unknowns: up to ``d = 48``
 the compressed normal matrix (``d^4 / 4`` floats) is accumulated and factorised; beyond, the
 matrix-free conjugate-gradient solver applies the normal operator through per-sequence
 products and keeps ``O(d^2)`` floats besides the sequences (or their ``d x d`` moments when

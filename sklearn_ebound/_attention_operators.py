@@ -24,6 +24,7 @@ length`` are neither queries nor keys, and their values are ignored.
 """
 
 import numpy as np
+import scipy.linalg
 from scipy.linalg import blas
 from sklearn.utils import Bunch
 
@@ -232,7 +233,7 @@ class KernelMoments:
       C[ab(a, a'), ab(b, b')]`` with ``C = sum_i vech(T_i) vech(P_i)ᵀ``, a ``d(d+1)/2``-square
       matrix accumulated by one GEMM per chunk of sequences (without a mask all the tokens of
       a sequence share ``T_s``: one row per sequence). Memory ``d^4 / 4`` floats, independent of
-      the number of sequences; used up to ``d = 64`` without a mask.
+      the number of sequences; used up to ``d = 48`` without a mask.
     * ``"cg"``: matrix-free conjugate gradients. ``G vec(A)`` is applied through per-sequence
       products (``z_i = A x_i``, then ``S_i z_i``, ``Vᵀ V``, ``S_i`` again and ``sum_i
       (.) x_iᵀ``), ``O(n^2 d + n d^2)`` per sequence with a mask, ``O(n d^2)`` without, and
@@ -288,7 +289,9 @@ class KernelMoments:
         d = self.V.shape[1]
         solver = self.solver
         if solver == "auto":
-            solver = "dense" if (d * d <= 4096 and self._mask is None) else "cg"
+            # The dense route's one-off factorisation (d^6 / 3 flops) stays below a few CG
+            # passes over the sequences up to d = 48.
+            solver = "dense" if (d <= 48 and self._mask is None) else "cg"
         if solver == "dense":
             m = len(self.rows)
             self.C = np.zeros((m, m))
@@ -455,11 +458,12 @@ class KernelMoments:
     def _dense_solve(self):
         d = self.rhs.shape[0]
         G = self.normal_matrix()
+        self._factor = None
         try:  # G is positive definite whenever the data determine the kernel
-            factor = np.linalg.cholesky(G)
-            z = np.linalg.solve(factor, self.rhs.ravel())
-            A = np.linalg.solve(factor.T, z)
+            factor = scipy.linalg.cho_factor(G, lower=True, check_finite=False)
+            A = scipy.linalg.cho_solve(factor, self.rhs.ravel(), check_finite=False)
             if np.all(np.isfinite(A)):
+                self._factor = factor  # reused for the noise along directions near the cut
                 return A.reshape(d, d)
         except np.linalg.LinAlgError:
             pass
@@ -592,6 +596,10 @@ class KernelMoments:
         ``B = T^{1/2} Z P^{1/2}`` (``Z`` of unit norm; ``A``: the Gauss–Newton point, or
         ``None``). One conjugate-gradient solve."""
         B = T_root @ whitened_direction @ P_root
+        factor = getattr(self, "_factor", None)
+        if A is None and factor is not None:
+            solution = scipy.linalg.cho_solve(factor, B.ravel(), check_finite=False)
+            return float(B.ravel() @ solution) / self.n_queries
         if A is None and self.C is not None:
             index = self._index()
             apply = lambda Z: self._matvec(Z, index)  # noqa: E731
@@ -630,6 +638,7 @@ class KernelMoments:
             raise ValueError("No sequences were added.")
         d = self.rhs.shape[0]
         N = self.n_queries
+        self._factor = None
         if self.C is not None and d * d <= dense_limit:
             A, solver = self._dense_solve(), "dense"
         elif self.C is not None:
@@ -678,6 +687,7 @@ class KernelMoments:
                 rank += 1
         kernel = A.T
         # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
+        self._factor = None  # not kept (nor pickled) beyond the solve
         return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
                      rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
                      noise_variance=noise_variance,

@@ -76,9 +76,9 @@ def test_matrix_free_solve_equals_the_dense_solve(attention, masking):
 
 
 def test_the_solver_is_chosen_by_size():
-    X, Y = make_attention_task("linear", 30, 8, 66, rank=2, random_state=0)
-    big = KernelMoments(np.eye(66), "linear").update(X, Y)
-    assert big.C is None and big.solve().solver == "cg"  # no d^4 / 4 statistic at d > 64
+    X, Y = make_attention_task("linear", 30, 8, 50, rank=2, random_state=0)
+    big = KernelMoments(np.eye(50), "linear").update(X, Y)
+    assert big.C is None and big.solve().solver == "cg"  # no d^4 / 4 statistic at d > 48
     small = KernelMoments(np.eye(8), "linear").update(*make_attention_task(
         "linear", 30, 8, 8, rank=2, random_state=0))
     assert small.C is not None and not small.blocks
