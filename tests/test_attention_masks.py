@@ -134,7 +134,7 @@ def test_vocabulary_tokens_under_softmax_read_the_planted_rank(law, size, scale)
     # The linearisation around uniform weights leaked into spurious directions for tokens
     # of a vocabulary (4-6 for a planted 3); the softmax fit has no Gaussian identity to fail.
     X, Y = make_attention_task("softmax", 400, 32, 12, rank=3, logit_scale=scale, noise=0.1,
-                               vocabulary_size=size, vocabulary=law, random_state=size)
+                               vocabulary_size=size, vocabulary_law=law, random_state=size)
     assert IntrinsicRankEstimator("attention", value="identity").fit(X, Y).rank_ == 3
 
 
@@ -162,7 +162,7 @@ def test_partial_fit_solves_only_when_a_fitted_attribute_is_read(monkeypatch):
     copy = pickle.loads(pickle.dumps(est))
     assert clone(est).get_params() == est.get_params()
     assert est.rank_ == 2 and len(solves) == 1
-    est.singular_values_, est.components_  # already read: no new solve
+    assert est.singular_values_.size and est.components_.shape == (2, 6)  # no new solve
     assert len(solves) == 1
     full = IntrinsicRankEstimator("attention", attention="linear", value="identity",
                                   mask="causal").fit(X, Y)

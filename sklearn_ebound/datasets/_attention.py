@@ -95,13 +95,14 @@ def _embeddings(law, size, n_features, rng):
         return rng.standard_normal((size, n_features))
     if law == "symmetric":
         if size % 2:
-            raise ValueError(f"`vocabulary='symmetric'` pairs each embedding with its negative "
-                             f"and needs an even `vocabulary_size`. Got {size}.")
+            raise ValueError(f"`vocabulary_law='symmetric'` pairs each embedding with its "
+                             f"negative and needs an even `vocabulary_size`. Got {size}.")
         half = rng.standard_normal((size // 2, n_features))
         return np.concatenate([half, -half])
     if law == "skewed":
         return rng.exponential(size=(size, n_features)) - 1.0
-    raise ValueError(f"`vocabulary` must be 'gaussian', 'symmetric' or 'skewed'. Got {law!r}.")
+    raise ValueError(f"`vocabulary_law` must be 'gaussian', 'symmetric' or 'skewed'. Got "
+                     f"{law!r}.")
 
 
 def make_attention_task(
@@ -118,7 +119,7 @@ def make_attention_task(
     decay=1.0,
     noise=0.1,
     vocabulary_size=None,
-    vocabulary="gaussian",
+    vocabulary_law="gaussian",
     mask=None,
     lengths=None,
     random_state=None,
@@ -180,7 +181,7 @@ def make_attention_task(
         language tokens are: a non-Gaussian token law, under which the softmax nonlinearity
         leaks into directions outside the kernel's (Gaussian tokens are the special case in
         which, by Stein's lemma, it cannot).
-    vocabulary : {"gaussian", "symmetric", "skewed"}, default="gaussian"
+    vocabulary_law : {"gaussian", "symmetric", "skewed"}, default="gaussian"
         The law of the embeddings of a vocabulary (``vocabulary_size`` given): standard
         normal; standard normal in ``±`` pairs (a symmetric token law with non-Gaussian
         fourth moments; ``vocabulary_size`` must be even); or centred, unit-variance
@@ -245,7 +246,7 @@ def make_attention_task(
         X = rng.standard_normal((n_samples, n_tokens, n_features))
     else:
         check_scalar(vocabulary_size, "vocabulary_size", Integral, min_val=1)
-        embeddings = _embeddings(vocabulary, vocabulary_size, n_features, rng)
+        embeddings = _embeddings(vocabulary_law, vocabulary_size, n_features, rng)
         X = embeddings[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
     valid = valid_tokens(lengths, n_tokens)
     if valid is not None:
