@@ -70,10 +70,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
       squares recovers ``W`` (``qk_kernel_``) and its rank exactly;
     - value map unknown (``value=None``): the per-token channel operator ``y_i ~ V Sigma Wᵀ
       x_i`` of rank ``rank(W)``, exact as ``n`` grows;
-    - softmax attention is linearised around uniform weights (centred moments). Recovery is
-      partial: it degrades as logits grow, and a direction of ``W`` that ``V`` annihilates is
-      invisible. With a known value map ``logit_rms_`` measures the fitted logits, and a
-      :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when it passes 1.
+    - softmax attention is linearised around uniform weights (centred moments). With a known
+      value map the linearised kernel is refined by Gauss–Newton steps on the softmax itself,
+      so the kernel is that of the exact model for the tokens at hand (vocabulary embeddings,
+      skewed laws), ``logit_rms_`` measures its logits, and near the threshold the noise along
+      each singular direction comes from the normal matrix itself (a
+      :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when that decided the
+      count, or when only the linearisation was fitted and its logits pass 1). Without it the
+      per-token operator is a linearisation, and a direction of ``W`` that ``V`` annihilates
+      is invisible.
+    - masks and padding: ``mask="causal"`` (or a 0/1 array) restricts each query to its
+      allowed keys, and ``fit(X, y, lengths=...)`` marks the padding of shorter sequences; the
+      moments above are then those of each token's allowed keys. Up to ``d = 48`` without a
+      mask the kernel's normal matrix is formed (``d^4 / 4`` floats); beyond, a matrix-free
+      conjugate-gradient solver keeps the sequences and ``O(d^2)`` floats.
 
     Parameters
     ----------
@@ -157,7 +167,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     qk_kernel_ : ndarray of shape (n_features, n_features), only with a known value map
         The least-squares query–key kernel ``W`` (for softmax, times ``beta / sqrt(d)``).
     logit_rms_ : float, only with a known value map
-        Root-mean-square of the fitted attention logits.
+        Root-mean-square of the fitted attention logits ``x_iᵀ W x_j`` (times ``beta /
+        sqrt(d)`` for softmax) over independent tokens of the data's second moment.
     explained_energy_ : ndarray
         Fraction of the operator's energy (squared singular values) carried by each component.
     cv_results_ : dict, only for ``criterion="cv"``
