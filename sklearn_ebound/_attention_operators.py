@@ -505,10 +505,22 @@ class KernelMoments:
         ``(b, n, n)``), and the queries ``(b, n)`` or ``None``. ``A``: the softmax weights at
         kernel ``A`` (logits ``x_iᵀ Aᵀ x_j``), else uniform weights over the allowed keys."""
         n, d = self.n_tokens, self.rhs.shape[0]
-        for X, Y, valid in self.blocks:
+        cache = getattr(self, "_weights_cache", None)
+        if A is not None and (cache is None or cache[0] is not A):
+            # The softmax weights at A, kept for the conjugate-gradient passes of one
+            # Gauss-Newton step when they take no more than the sequences themselves.
+            small = self.n_sequences * n * n <= max(_BLOCK_VALUES, self.n_sequences * n * d)
+            cache = self._weights_cache = (A, [] if small else None)
+        for index, (X, Y, valid) in enumerate(self.blocks):
             allowed = allowed_keys(self._mask, valid, n)
             if A is not None:
-                weights = softmax_weights(X, A, allowed)
+                kept = cache[1]
+                if kept is not None and index < len(kept):
+                    weights = kept[index]
+                else:
+                    weights = softmax_weights(X, A, allowed)
+                    if kept is not None:
+                        kept.append(weights)
                 queries = None if allowed is None else allowed.any(axis=-1)
             elif allowed is None:
                 # Without a mask, S = Xᵀ X / n (O(n d^2)), or uniform weights (O(n^2 d)).
@@ -571,9 +583,11 @@ class KernelMoments:
         loss, rhs, T_sum = self._softmax_residuals(A)
         converged = False
         for _ in range(max_iter):
-            step, cg_converged = _conjugate_gradients(
+            # Inexact Gauss-Newton: each step solved to 1e-4 (the steps shrink geometrically,
+            # so the last ones are solved far below the noise).
+            step, _ = _conjugate_gradients(
                 lambda D, A=A: self._normal_apply(D, A), rhs, self._preconditioner(T_sum),
-                1e-8, 200)
+                1e-4, 200)
             t = 1.0
             for _ in range(12):
                 trial = A + t * step
@@ -593,6 +607,7 @@ class KernelMoments:
             if decrease <= tol * loss or np.linalg.norm(t * step) <= 1e-9 * np.linalg.norm(A):
                 converged = True
                 break
+        self._weights_cache = None
         return A, loss, T_sum, converged
 
     def _local_noise(self, whitened_direction, T_root, P_root, A, tol=1e-4):
@@ -707,7 +722,7 @@ class KernelMoments:
                 rank += 1
         kernel = A.T
         # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
-        self._factor = None  # not kept (nor pickled) beyond the solve
+        self._factor = self._weights_cache = None  # not kept (nor pickled) beyond the solve
         return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
                      rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
                      noise_variance=noise_variance,
