@@ -8,7 +8,7 @@ root-mean-squares 0.1 to 3. Prints, per cell, the recovery rate of
 without a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`, and ``logit_rms_``
 against the planted logit root-mean-square.
 
-    python benchmarks/bench_attention_tokens.py [--repeats 5] [--quick]
+    python benchmarks/bench_attention_tokens.py [--repeats 4] [--quick]
 """
 
 import argparse
@@ -27,14 +27,14 @@ D, N_TOKENS, N_SAMPLES, RANK = 16, 32, 500, 3
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     laws, sizes, levels = ("gaussian", "symmetric", "skewed"), (16, 64, 256), (0.1, 0.3, 1, 3)
     if args.quick:
         laws, sizes, levels, args.repeats = ("symmetric",), (16,), (0.3,), 1
     start, rows = time.perf_counter(), []
-    for law, size, rms in itertools.product(laws, sizes, levels):
+    for rms, law, size in itertools.product(levels, laws, sizes):
         # Unit singular values: the planted logit rms is beta * sqrt(rank / d).
         beta = rms / np.sqrt(RANK / D)
         hits, silent_misses, ratios = [], 0, []
