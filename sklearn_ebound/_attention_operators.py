@@ -474,31 +474,15 @@ class KernelMoments:
 
     def _consolidate(self):
         """Merge the kept chunks (``partial_fit`` may send tiny ones) into blocks of about
-        ``_BLOCK_VALUES`` floats of per-block temporaries; done once per solve."""
+        ``_BLOCK_VALUES`` floats of per-block temporaries; done once per solve, a group at a
+        time, so that at most one block is held twice."""
         n, d = self.n_tokens, self.rhs.shape[0]
         step = max(1, _BLOCK_VALUES // (d * d))  # sequences per block of moments
         if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < step:
-            S = np.concatenate(self.moment_blocks)
-            self.moment_blocks = [S[i:i + step] for i in range(0, len(S), step)]
+            self.moment_blocks = _regroup(self.moment_blocks, step, np.concatenate)
         size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
-        if all(len(X) >= min(size, _CHUNK) for X, _, _ in self.blocks[:-1]):
-            return
-        merged, group = [], []
-        for block in self.blocks + [None]:
-            if block is not None and (not group or sum(len(g[0]) for g in group) < size):
-                group.append(block)
-                continue
-            if group:
-                Xs = np.concatenate([g[0] for g in group])
-                Ys = None if group[0][1] is None else np.concatenate([g[1] for g in group])
-                if all(g[2] is None for g in group):
-                    valid = None
-                else:
-                    valid = np.concatenate([np.ones(g[0].shape[:2], dtype=bool) if g[2] is None
-                                            else g[2] for g in group])
-                merged.append((Xs, Ys, valid))
-            group = [] if block is None else [block]
-        self.blocks = merged
+        if len(self.blocks) > 1 and min(len(X) for X, _, _ in self.blocks) < size:
+            self.blocks = _regroup(self.blocks, size, _concatenate_blocks)
 
     def _passes(self, A=None):
         """Per block: ``X``, ``Y``, the weights (``None``: uniform over all tokens, else
@@ -729,6 +713,36 @@ class KernelMoments:
                      logit_rms=float(np.linalg.norm(root @ kernel @ root)),
                      linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
                      exact=not self.centred or (bool(self.blocks) and self.refine and converged))
+
+
+def _regroup(blocks, size, concatenate):
+    """Consecutive ``blocks`` joined into groups of at least ``size`` sequences, consuming the
+    list as it goes (each original is released once its group is joined)."""
+    merged, group, count = [], [], 0
+    blocks.reverse()
+    while blocks:
+        block = blocks.pop()
+        group.append(block)
+        count += len(block[0]) if isinstance(block, tuple) else len(block)
+        if count >= size:
+            merged.append(concatenate(group))
+            group, count = [], 0
+    if group:
+        merged.append(concatenate(group))
+    return merged
+
+
+def _concatenate_blocks(group):
+    """One kept block ``(X, Y, valid)`` from several."""
+    if len(group) == 1:
+        return group[0]
+    X = np.concatenate([g[0] for g in group])
+    Y = None if group[0][1] is None else np.concatenate([g[1] for g in group])
+    if all(g[2] is None for g in group):
+        return X, Y, None
+    valid = np.concatenate([np.ones(g[0].shape[:2], dtype=bool) if g[2] is None else g[2]
+                            for g in group])
+    return X, Y, valid
 
 
 def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
