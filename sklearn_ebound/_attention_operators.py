@@ -556,7 +556,7 @@ class KernelMoments:
             T_sum += _moment_products(X, weights, VtV, True)
         return loss, rhs, T_sum
 
-    def _gauss_newton(self, A, max_iter=30, tol=1e-10):
+    def _gauss_newton(self, A, span=None, max_iter=30, tol=1e-10):
         """Least squares of the softmax model from the linearised ``A``: Gauss–Newton steps,
         each solved by preconditioned conjugate gradients, halved until the residual falls.
 
@@ -572,6 +572,8 @@ class KernelMoments:
             step, _ = _conjugate_gradients(
                 lambda D, A=A: self._normal_apply(D, A), rhs, self._preconditioner(T_sum),
                 1e-4, 200)
+            if span is not None:
+                step = span @ step @ span
             t = 1.0
             for _ in range(12):
                 trial = A + t * step
@@ -667,6 +669,11 @@ class KernelMoments:
                                         1e-9 if tol is None else tol, 1000,
                                         enough=None if tol is not None else self._enough)
             solver = "cg"
+        # Only the kernel on the span of the tokens acts (x_iᵀ A x_j, S_i A x_i): tokens of a
+        # vocabulary may span fewer than d directions, and the rest of A is not identifiable.
+        span = _token_span(self.P_sum)
+        if span is not None:
+            A = span @ A @ span
         # Residual sum of squares ||Y||^2 - bᵀ vec(Â) (least squares), floored at float64
         # resolution.
         rss = max(self.y_energy - self.rhs.ravel() @ A.ravel(),
@@ -676,7 +683,7 @@ class KernelMoments:
         T_sum, converged, weights_at = self.T_sum, True, None
         if self.centred and self.refine and self.blocks:
             self._consolidate()
-            A, loss, T_sum, converged = self._gauss_newton(A)
+            A, loss, T_sum, converged = self._gauss_newton(A, span)
             rss = max(loss, 64 * np.finfo(float).eps * self.y_energy)
             weights_at = A
 
@@ -685,7 +692,8 @@ class KernelMoments:
         T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
         whitened = T_root @ A @ P_root / np.sqrt(N)
         U, s, Vt = np.linalg.svd(whitened)
-        threshold = optimal_hard_threshold(s, np.sqrt(noise_variance), shape=(d, d))
+        k = d if span is None else int(round(np.trace(span)))  # the identifiable block
+        threshold = optimal_hard_threshold(s[:k], np.sqrt(noise_variance), shape=(k, k))
         # The whitening takes G for a Kronecker product. Near the cut, the noise variance
         # along each singular direction is computed from G itself, and the cut scaled by it.
         kronecker_rank = rank = int(np.sum(s > threshold))
@@ -713,6 +721,16 @@ class KernelMoments:
                      logit_rms=float(np.linalg.norm(root @ kernel @ root)),
                      linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
                      exact=not self.centred or (bool(self.blocks) and self.refine and converged))
+
+
+def _token_span(P, rtol=1e-10):
+    """The orthogonal projector on the span of the tokens (second moment ``P``), or ``None``
+    when they span every direction."""
+    values, vectors = np.linalg.eigh((P + P.T) / 2)
+    keep = values > rtol * max(values[-1], 0.0)
+    if keep.all() or not keep.any():
+        return None
+    return vectors[:, keep] @ vectors[:, keep].T
 
 
 def _regroup(blocks, size, concatenate):

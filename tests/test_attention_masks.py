@@ -178,3 +178,16 @@ def test_partial_fit_without_enough_data_has_no_rank_yet():
     est.partial_fit(X[:1, 0], Y[:1, 0])
     assert hasattr(est, "n_samples_seen_")
     assert not hasattr(IntrinsicRankEstimator().partial_fit(X[:1, 0], Y[:1, 0]), "rank_")
+
+
+def test_kernel_outside_the_tokens_span_is_not_fitted():
+    # 8 embeddings and their negatives span 8 of 12 directions: only the kernel on that span
+    # acts on the data, and the fit leaves the rest at zero.
+    X, Y, params = make_attention_task("linear", 300, 16, 12, rank=2, vocabulary_size=16,
+                                       vocabulary_law="symmetric", random_state=0,
+                                       return_params=True)
+    est = IntrinsicRankEstimator("attention", attention="linear", value="identity").fit(X, Y)
+    basis = np.linalg.svd(params.vocabulary, full_matrices=True)[2]
+    outside = basis[8:]
+    assert np.abs(outside @ est.qk_kernel_).max() < 1e-8 * np.abs(est.qk_kernel_).max()
+    assert np.abs(est.qk_kernel_ @ outside.T).max() < 1e-8 * np.abs(est.qk_kernel_).max()
