@@ -1,25 +1,35 @@
-"""Time and memory of the attention data-only estimator at model scale.
+"""Time and memory of the attention data-only estimator at model widths.
 
 ``IntrinsicRankEstimator("attention", attention="linear", value="identity")`` reads the rank of
 the query–key kernel ``W`` (``d x d``) from sequences ``X (N, n, d) -> Y (N, n, d)`` of a linear
-attention task with planted ``rank(W)``. Its least squares has ``d^2`` unknowns, so its normal
-equations are ``d^2 x d^2`` (2 GiB dense at ``d = 128``). The sequences are generated on the
-fly, chunk by chunk, and fed to ``partial_fit`` (one ``fit`` on all the data where
-``partial_fit`` does not exist). Reported: seconds of the estimator (generation excluded),
-the peak memory it traces beyond its input chunk, the rank read, and the ratio of its time to
-the floor measured in the same run: the per-sequence second moments ``X_s^T X_s`` that any
-estimator of the kernel has to compute.
+attention task with planted ``rank(W)``. Its least squares has ``d^2`` unknowns: up to ``d = 48``
+the compressed normal matrix (``d^4 / 4`` floats) is accumulated and factorised; beyond, the
+matrix-free conjugate-gradient solver applies the normal operator through per-sequence
+products and keeps ``O(d^2)`` floats besides the sequences (or their ``d x d`` moments when
+``d < n``). The sequences are generated on the fly, chunk by chunk, and fed to ``partial_fit``,
+which solves once, when ``rank_`` is read.
 
-Target (issue 5): ``d = 128``, ``n = 256``, ``N = 10^4`` runs on a laptop-class machine: memory
-well below the dense normal matrix, time within minutes.
+Reported for each configuration (each in a fresh process): seconds of the estimator
+(generation excluded), the peak memory traced while it runs (numpy's allocations, the kept
+sequences included) and the process's maximum resident memory, the rank read, and the ratio of
+its time to the floor measured in the same run: one pass of the per-sequence products
+``X_s^T X_s`` that any estimator of the kernel has to compute.
 
-    python benchmarks/bench_attention_scale.py [--n-features 128] [--n-tokens 256]
-        [--n-samples 10000] [--chunk 1000] [--quick]
+Targets (issue 15): ``d = 384``, ``n = 128``, ``N = 2000``, rank 8: the right rank, peak under
+2 GB, under 10 minutes on two cores; ``d = 768``, ``n = 128``, ``N = 1000``: under 6 GB;
+``d = 128``, ``n = 256``, ``N = 10^4``: at most 10 times the floor; time linear in ``N n``.
+
+    python benchmarks/bench_attention_scale.py                    # the whole suite
+    python benchmarks/bench_attention_scale.py --n-features 384 --n-tokens 128 \\
+        --n-samples 2000 --rank 8                                 # one configuration
+    python benchmarks/bench_attention_scale.py --quick            # a smoke run (d = 8)
 """
 
 import argparse
 import json
 import resource
+import subprocess
+import sys
 import time
 import tracemalloc
 import warnings
@@ -33,6 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "attention_scale.json"
 DOCS = ROOT / "docs" / "performance"
 MIB = 2.0**20
+
+# (d, n, N, rank, group): the widths at n = 128, the d = 128 target, and N n over 10x.
+SUITE = [(384, 128, 2000, 8, "width"), (768, 128, 1000, 8, "width"),
+         (128, 256, 10_000, 4, "target"), (64, 128, 2000, 8, "width"),
+         (128, 128, 2000, 8, "width"), (128, 128, 200, 8, "linearity"),
+         (128, 128, 632, 8, "linearity")]
 
 
 def chunks(n_samples, n_tokens, d, rank, chunk, noise=0.1, seed=0):
@@ -53,82 +69,110 @@ def chunks(n_samples, n_tokens, d, rank, chunk, noise=0.1, seed=0):
 
 
 def run(n_samples, n_tokens, d, rank, chunk, verbose=False):
-    streaming = hasattr(IntrinsicRankEstimator, "partial_fit")
     est = IntrinsicRankEstimator("attention", attention="linear", value="identity")
-    t_est = t_floor = t_last = 0.0
-    extra = 0
+    t_est = t_floor = 0.0
     tracemalloc.start()
-    for X, Y in chunks(n_samples, n_tokens, d, rank, chunk if streaming else n_samples):
+    for X, Y in chunks(n_samples, n_tokens, d, rank, chunk):
         start = time.perf_counter()
         X.transpose(0, 2, 1) @ X
         t_floor += time.perf_counter() - start
-        before = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            est.partial_fit(X, Y) if streaming else est.fit(X, Y)
-        t_last = time.perf_counter() - start
-        t_est += t_last
-        if verbose:
-            print(f"  {len(X)} sequences in {t_last:.1f} s", flush=True)
-        extra = max(extra, tracemalloc.get_traced_memory()[1] - before)
+        est.partial_fit(X, Y)
+        t_est += time.perf_counter() - start
         chunk_mib = (X.nbytes + Y.nbytes) / MIB
         del X, Y
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rank_read = int(est.rank_)  # the one solve
+    t_solve = time.perf_counter() - start
+    t_est += t_solve
+    peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
+    solver = "dense" if est._statistics.C is not None else "cg"
+    if verbose:
+        print(f"  accumulated in {t_est - t_solve:.1f} s, solved in {t_solve:.1f} s", flush=True)
     return {"n_features": d, "n_tokens": n_tokens, "n_samples": n_samples, "rank": rank,
-            "api": "partial_fit" if streaming else "fit", "chunk": chunk if streaming else None,
-            "seconds": t_est, "last_call_seconds": t_last, "floor_seconds": t_floor,
-            "ratio_to_floor": t_est / t_floor, "peak_extra_mib": extra / MIB,
-            "chunk_mib": chunk_mib, "dense_normal_mib": d**4 * 8 / MIB,
-            "rank_read": int(est.rank_),
+            "chunk": chunk, "solver": solver, "seconds": t_est, "solve_seconds": t_solve,
+            "floor_seconds": t_floor, "ratio_to_floor": t_est / t_floor,
+            "peak_traced_mib": peak / MIB, "chunk_mib": chunk_mib,
+            "dense_normal_mib": d**4 * 8 / MIB, "rank_read": rank_read,
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def report(r):
+    print(f"d={r['n_features']} n={r['n_tokens']} N={r['n_samples']} planted rank {r['rank']}, "
+          f"partial_fit in chunks of {r['chunk']}, solver {r['solver']}")
+    print(f"  estimator            {r['seconds']:9.2f} s   (solve {r['solve_seconds']:.2f} s)"
+          f"   rank_={r['rank_read']}")
+    print(f"  floor X_s^T X_s      {r['floor_seconds']:9.2f} s")
+    print(f"  ratio to floor       {r['ratio_to_floor']:9.1f}")
+    print(f"  peak traced {r['peak_traced_mib']:.0f} MiB (chunk {r['chunk_mib']:.0f} MiB; dense "
+          f"d^2 x d^2 normal matrix {r['dense_normal_mib']:.0f} MiB); max RSS "
+          f"{r['max_rss_mib']:.0f} MiB", flush=True)
+
+
+def suite(chunk):
+    """Every configuration of :data:`SUITE`, each in a fresh process (its own max RSS)."""
+    runs = []
+    for d, n, N, rank, group in SUITE:
+        out = subprocess.run(
+            [sys.executable, __file__, "--n-features", str(d), "--n-tokens", str(n),
+             "--n-samples", str(N), "--rank", str(rank), "--chunk", str(chunk), "--json"],
+            check=True, capture_output=True, text=True).stdout
+        r = dict(json.loads(out.strip().splitlines()[-1]), group=group)
+        report(r)
+        runs.append(r)
+    lin = [r for r in runs if r["n_features"] == 128 and r["n_tokens"] == 128]
+    lin.sort(key=lambda r: r["n_samples"])
+    per_token = [r["seconds"] / (r["n_samples"] * r["n_tokens"]) * 1e6 for r in lin]
+    print("time per token (microseconds) at d=128, n=128 for N = "
+          + ", ".join(f"{r['n_samples']}: {p:.1f}" for r, p in zip(lin, per_token, strict=True)))
+    return runs
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n-features", type=int, default=128, help="d")
-    parser.add_argument("--n-tokens", type=int, default=256, help="n")
-    parser.add_argument("--n-samples", type=int, default=10_000, help="N sequences")
-    parser.add_argument("--rank", type=int, default=4)
-    parser.add_argument("--chunk", type=int, default=1000, help="sequences per partial_fit")
+    parser.add_argument("--n-features", type=int, default=None, help="d (default: the suite)")
+    parser.add_argument("--n-tokens", type=int, default=128, help="n")
+    parser.add_argument("--n-samples", type=int, default=2000, help="N sequences")
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--chunk", type=int, default=500, help="sequences per partial_fit")
     parser.add_argument("--quick", action="store_true", help="d=8, n=16, N=400, a smoke run")
+    parser.add_argument("--json", action="store_true", help="print the run as one JSON line")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.n_features, args.n_tokens, args.n_samples, args.chunk = 8, 16, 400, 100
         args.rank = min(args.rank, 2)
-    r = run(args.n_samples, args.n_tokens, args.n_features, args.rank, args.chunk,
-            verbose=not args.quick)
-    print(f"d={r['n_features']} n={r['n_tokens']} N={r['n_samples']} planted rank {r['rank']}, "
-          f"{r['api']}" + (f" in chunks of {r['chunk']} sequences" if r["chunk"] else ""))
-    print(f"  estimator            {r['seconds']:9.2f} s   (last call {r['last_call_seconds']:.2f}"
-          f" s)   rank_={r['rank_read']}")
-    print(f"  floor X_s^T X_s      {r['floor_seconds']:9.2f} s")
-    print(f"  ratio to floor       {r['ratio_to_floor']:9.1f}")
-    print(f"  peak memory beyond the input chunk {r['peak_extra_mib']:.0f} MiB (chunk "
-          f"{r['chunk_mib']:.0f} MiB; dense d^2 x d^2 normal matrix {r['dense_normal_mib']:.0f} "
-          f"MiB); process max RSS {r['max_rss_mib']:.0f} MiB")
+    if args.n_features is None:
+        runs = suite(args.chunk)
+    else:
+        r = run(args.n_samples, args.n_tokens, args.n_features, args.rank, args.chunk,
+                verbose=not (args.quick or args.json))
+        if args.json:
+            print(json.dumps(r))
+            return r
+        report(r)
+        runs = [r]
     if not args.quick or args.output != RESULTS:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        runs = json.loads(args.output.read_text())["runs"] if args.output.exists() else []
-        runs = [x for x in runs if x["n_features"] != r["n_features"]] + [r]
-        args.output.write_text(json.dumps({"runs": sorted(runs, key=lambda x: x["n_features"])},
-                                          indent=1))
+        args.output.write_text(json.dumps({"runs": runs}, indent=1))
         if args.write_docs:
-            write_docs(sorted(runs, key=lambda x: x["n_features"]))
-    return r
+            write_docs(runs)
+    return runs[0] if args.n_features is not None else runs
 
 
 def write_docs(runs):
     DOCS.mkdir(parents=True, exist_ok=True)
-    lines = ['"d","n","N","API","seconds","ratio to floor","peak beyond chunk MiB",'
+    lines = ['"d","n","N","solver","seconds","ratio to floor","peak traced MiB","max RSS MiB",'
              '"dense normal MiB","rank read / planted"']
     for r in runs:
-        lines.append(f'{r["n_features"]},{r["n_tokens"]},{r["n_samples"]},"{r["api"]}",'
-                     f'{r["seconds"]:.1f},{r["ratio_to_floor"]:.1f},{r["peak_extra_mib"]:.0f},'
-                     f'{r["dense_normal_mib"]:.0f},"{r["rank_read"]} / {r["rank"]}"')
+        lines.append(f'{r["n_features"]},{r["n_tokens"]},{r["n_samples"]},"{r["solver"]}",'
+                     f'{r["seconds"]:.1f},{r["ratio_to_floor"]:.1f},{r["peak_traced_mib"]:.0f},'
+                     f'{r["max_rss_mib"]:.0f},{r["dense_normal_mib"]:.0f},'
+                     f'"{r["rank_read"]} / {r["rank"]}"')
     (DOCS / "attention_scale.csv").write_text("\n".join(lines) + "\n")
 
 

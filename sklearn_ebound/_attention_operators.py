@@ -3,27 +3,48 @@
 * The naive static transfer: one token-mixing matrix ``M`` (``n x n``) shared by all sequences
   and channels, ``Y_s ~ M X_s``. Attention's mixing depends on the input, so its rank says
   nothing about the query–key kernel; it is kept to show that failure.
-* The attention-native operator. For linear attention, token ``i`` of a sequence is
-  ``y_i = V S Wᵀ x_i`` with ``S = Xᵀ X / n`` the sequence's second moment: linear in ``W``,
-  so least squares on the features built from ``S`` and ``x_i`` recovers ``W`` when the value
-  map ``V`` is known. Softmax attention linearised around uniform weights gives
-  ``y_i - V x̄ = (beta / sqrt(d)) V C Wᵀ x_i`` with ``C`` the centred second moment: the same
-  estimator on centred data.
-* Without ``V``: as ``n`` grows ``S -> Sigma``, so ``y_i ~ V Sigma Wᵀ x_i`` is a per-token
+* The attention-native operator. Token ``i`` attends to its allowed keys ``K_i`` (all tokens
+  without a mask, ``j <= i`` for a causal one, the unpadded ones of its sequence). For linear
+  attention ``y_i = (1 / |K_i|) sum_{j in K_i} (x_iᵀ W x_j) V x_j = V S_i Wᵀ x_i`` with
+  ``S_i`` the mean of ``x_j x_jᵀ`` over the allowed keys: linear in ``W``, so least squares on
+  the features built from ``S_i`` and ``x_i`` recovers ``W`` when the value map ``V`` is
+  known. Softmax attention with weights ``a_ij`` (zero outside ``K_i``) changes, to first
+  order in its logits, by ``V S^a_i dA x_i`` with ``S^a_i`` the ``a``-weighted covariance of
+  the allowed keys: around uniform weights ``y_i - V x̄_i = V C_i A x_i`` (``A`` the kernel
+  times ``beta / sqrt(d)``, ``C_i`` the centred moment of the allowed keys). That linearised
+  solve is refined by Gauss–Newton steps on the softmax itself, so the kernel fitted is the
+  least squares of the exact model for the tokens at hand, whatever their law.
+* Without ``V``: as ``n`` grows ``S_i -> Sigma``, so ``y_i ~ V Sigma Wᵀ x_i`` is a per-token
   linear map of the channels, of rank ``rank(W)`` for a full-rank ``V``.
+
+Masks and padding. ``mask`` is ``None``, ``"causal"`` or an ``(n, n)`` array of 0/1 (row ``i``:
+the keys query ``i`` may attend to; every row must allow one). Sequences of different lengths
+are padded to ``n`` tokens and passed with their ``lengths``: tokens at positions ``>=
+length`` are neither queries nor keys, and their values are ignored.
 """
 
 import numpy as np
+import scipy.linalg
 from scipy.linalg import blas
 from sklearn.utils import Bunch
 
 from ._spectrum import optimal_hard_threshold
 
-__all__ = ["token_mixing_data", "per_token_data", "KernelMoments", "qk_kernel_least_squares"]
+__all__ = [
+    "token_mixing_data",
+    "per_token_data",
+    "KernelMoments",
+    "qk_kernel_least_squares",
+    "check_attention_mask",
+    "check_lengths",
+    "allowed_keys",
+]
 
 # Sequences per chunk when accumulating the kernel statistics: the per-sequence moments of a
 # chunk take 3 * _CHUNK * d^2 floats (25 MB at d = 128).
 _CHUNK = 64
+# Float64 values of the largest temporary of one block of sequences in the matrix-free passes.
+_BLOCK_VALUES = 1 << 22
 
 
 def token_mixing_data(X, Y):
@@ -40,76 +61,326 @@ def token_mixing_data(X, Y):
     return X.transpose(0, 2, 1).reshape(-1, n), Y.transpose(0, 2, 1).reshape(-1, n)
 
 
-def per_token_data(X, Y, center_sequences):
-    """Tokens as samples: ``(N n, d)`` and ``(N n, d_out)``, optionally centred per sequence."""
+def check_attention_mask(mask, n_tokens):
+    """The attention mask as a boolean ``(n_tokens, n_tokens)`` array, or ``None``.
+
+    ``mask`` is ``None`` (every token attends to every token), ``"causal"`` (token ``i`` to the
+    tokens ``j <= i``) or an array of shape ``(n_tokens, n_tokens)`` of 0/1 or booleans whose
+    row ``i`` marks the keys query ``i`` may attend to; every row must allow at least one key.
+    """
+    if mask is None:
+        return None
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"`mask` must be None, 'causal' or an array of shape (n_tokens, "
+                             f"n_tokens) of 0/1. Got {mask!r} instead.")
+        return np.tril(np.ones((n_tokens, n_tokens), dtype=bool))
+    array = np.asarray(mask)
+    if array.shape != (n_tokens, n_tokens):
+        raise ValueError(f"`mask` as an array must have shape (n_tokens, n_tokens) = "
+                         f"({n_tokens}, {n_tokens}). Got shape {array.shape} instead.")
+    if array.dtype != bool:
+        if not np.issubdtype(array.dtype, np.number) or not np.all(
+                (array == 0) | (array == 1)):
+            raise ValueError("`mask` as an array must hold only 0 and 1 (or booleans): 1 where "
+                             "a query may attend to a key.")
+        array = array == 1
+    empty = np.flatnonzero(~array.any(axis=1))
+    if empty.size:
+        raise ValueError(f"Every row of `mask` must allow at least one key; rows {empty[:5]} "
+                         "allow none.")
+    return array.copy()
+
+
+def check_lengths(lengths, n_samples, n_tokens):
+    """Per-sequence lengths as an int array of shape ``(n_samples,)`` in ``[1, n_tokens]``, or
+    ``None``."""
+    if lengths is None:
+        return None
+    array = np.asarray(lengths)
+    if array.shape != (n_samples,) or not np.issubdtype(array.dtype, np.integer):
+        if array.shape == (n_samples,) and np.issubdtype(array.dtype, np.floating) and np.all(
+                array == np.round(array)):
+            array = array.astype(np.intp)
+        else:
+            raise ValueError(f"`lengths` must be an array of {n_samples} integers (one per "
+                             f"sequence). Got {array.dtype} array of shape {array.shape}.")
+    if array.size and (array.min() < 1 or array.max() > n_tokens):
+        raise ValueError(f"`lengths` must lie in [1, n_tokens={n_tokens}]. Got values from "
+                         f"{array.min()} to {array.max()}.")
+    return array.astype(np.intp)
+
+
+def valid_tokens(lengths, n_tokens):
+    """Boolean ``(n_samples, n_tokens)``: the tokens that are not padding (``None`` for none)."""
+    if lengths is None:
+        return None
+    return np.arange(n_tokens)[None, :] < np.asarray(lengths)[:, None]
+
+
+def allowed_keys(mask, valid, n_tokens):
+    """Boolean ``(b, n, n)`` (``b = 1`` without padding): key ``j`` allowed for query ``i``.
+
+    ``mask`` is a checked mask (``None`` or boolean ``(n, n)``), ``valid`` the non-padding
+    tokens ``(b, n)`` or ``None``. ``None`` when every token attends to every token.
+    """
+    if mask is None and valid is None:
+        return None
+    allowed = np.ones((1, n_tokens, n_tokens), dtype=bool) if mask is None else mask[None]
+    if valid is not None:
+        allowed = allowed & valid[:, :, None] & valid[:, None, :]
+    return allowed
+
+
+def uniform_weights(allowed):
+    """Uniform attention weights over the allowed keys, ``(b, n, n)``, and the queries that
+    have a key, ``(b, n)``. A query without one (padding) has a row of zeros."""
+    counts = allowed.sum(axis=-1)
+    weights = np.zeros(allowed.shape)
+    np.divide(allowed, counts[..., None], out=weights, where=counts[..., None] > 0)
+    return weights, counts > 0
+
+
+def softmax_weights(X, A, allowed):
+    """Softmax weights ``a_ij ∝ exp(x_iᵀ Aᵀ x_j)`` over the allowed keys (zero elsewhere)."""
+    logits = (X @ A.T) @ X.transpose(0, 2, 1)
+    if allowed is not None:
+        logits = np.where(allowed, logits, -np.inf)
+    top = np.max(logits, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    weights = np.exp(logits - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+
+
+def _apply_moments(X, Z, weights, centred):
+    """``r_i = S_i z_i`` for every token: ``S_i`` the ``weights``-weighted second moment of
+    the keys (their covariance if ``centred``); ``weights=None`` means uniform over all.
+
+    With weights, ``r_i = sum_k a_ik (x_kᵀ z_i) x_k - x̄_i sum_k a_ik (x_kᵀ z_i)`` costs
+    ``O(n^2 d)`` per sequence; without, ``Z S`` costs ``O(n d^2)``.
+    """
+    if weights is None:
+        Xc = X - X.mean(axis=1, keepdims=True) if centred else X
+        return Z @ (Xc.transpose(0, 2, 1) @ Xc / X.shape[1])
+    H = weights * (Z @ X.transpose(0, 2, 1))  # H[i, k] = a_ik x_kᵀ z_i
+    R = H @ X
+    if centred:
+        R -= (weights @ X) * H.sum(axis=-1, keepdims=True)
+    return R
+
+
+def _moment_products(X, weights, M, centred):
+    """``sum_s sum_i S_i M S_i`` (``d x d``) over a block of sequences.
+
+    ``S_i = Xᵀ E_i X`` with ``E_i = diag(a_i) - c a_i a_iᵀ`` (``c = 1`` when centred), so the
+    sum is ``Xᵀ K X`` with ``K = sum_i E_i H E_i`` and ``H = X M Xᵀ``, in ``O(n^3)`` per
+    sequence: ``K = H ∘ (Aᵀ A) - c (Bᵀ A + Aᵀ B) + c Aᵀ diag(q) A`` with ``B = A ∘ (H Aᵀ)ᵀ``
+    and ``q`` the row sums of ``B`` (``A`` the weights).
+    """
+    n = X.shape[1]
+    if weights is None:
+        Xc = X - X.mean(axis=1, keepdims=True) if centred else X
+        S = Xc.transpose(0, 2, 1) @ Xc / n
+        return n * (S @ M @ S).sum(axis=0)
+    H = (X @ M) @ X.transpose(0, 2, 1)
+    Wt = weights.transpose(0, 2, 1)
+    K = H * (Wt @ weights)
+    if centred:
+        B = weights * (H @ Wt).transpose(0, 2, 1)
+        BtA = B.transpose(0, 2, 1) @ weights
+        K -= BtA + BtA.transpose(0, 2, 1)
+        K += Wt @ (B.sum(axis=-1, keepdims=True) * weights)
+    return np.einsum("bia,bij,bjc->ac", X, K, X, optimize=True)
+
+
+def per_token_data(X, Y, center_sequences, mask=None, lengths=None):
+    """Tokens as samples: ``(N n, d)`` and ``(N n, d_out)``, optionally centred per sequence.
+
+    With a mask or padding (``mask`` checked, ``lengths`` per sequence): the padding tokens are
+    left out, the inputs are centred over each token's allowed keys (``x_i - x̄_i``, which is
+    uncorrelated with ``x̄_i``, the softmax's zeroth-order term), and each token's row is
+    weighted by ``sqrt(|K_i| / n)``: the token's own share ``1 / |K_i|`` of its moment is a
+    systematic term, which the weights keep near that of ``n`` keys.
+    """
+    n = X.shape[1]
+    allowed = allowed_keys(mask, valid_tokens(lengths, n), n)
+    if allowed is None:
+        if center_sequences:
+            X = X - X.mean(axis=1, keepdims=True)
+            Y = Y - Y.mean(axis=1, keepdims=True)
+        return X.reshape(-1, X.shape[2]), Y.reshape(-1, Y.shape[2])
+    weights, queries = uniform_weights(allowed)
     if center_sequences:
-        X = X - X.mean(axis=1, keepdims=True)
-        Y = Y - Y.mean(axis=1, keepdims=True)
-    return X.reshape(-1, X.shape[2]), Y.reshape(-1, Y.shape[2])
+        X = X - weights @ X
+    counts = np.broadcast_to(allowed.sum(axis=-1), queries.shape)
+    root = np.sqrt(counts / n)[..., None]
+    keep = np.broadcast_to(queries, X.shape[:2])
+    return (X * root)[keep], (Y * root)[keep]
 
 
 class KernelMoments:
     """Sufficient statistics of the query–key kernel least squares, added sequence by sequence.
 
-    With ``A = Wᵀ`` and ``M_s = V S_s`` (``S_s`` the second moment of sequence ``s``, centred
-    for ``attention="softmax"``), every token obeys ``y_i = M_s A x_i``. The normal equations of
-    ``vec(A)`` are ``G vec(A) = b`` with ``G = sum_s T_s ⊗ P_s``, ``T_s = S_s Vᵀ V S_s``,
-    ``P_s = X_sᵀ X_s`` and ``b = sum_s vec(S_s Vᵀ Y_sᵀ X_s)``.
+    With ``A = Wᵀ`` and ``M_i = V S_i`` (``S_i`` the second moment of the keys token ``i``
+    may attend to, centred for ``attention="softmax"``), every token obeys ``y_i = M_i A x_i``.
+    The normal equations of ``vec(A)`` are ``G vec(A) = b`` with ``G = sum_i T_i ⊗ P_i``,
+    ``T_i = S_i Vᵀ V S_i``, ``P_i = x_i x_iᵀ`` and ``b = sum_i vec(S_i Vᵀ y_iᵀ x_i)``.
 
-    ``T_s`` and ``P_s`` are symmetric, so ``G[(a, b), (a', b')] = C[ab(a, a'), ab(b, b')]`` with
-    ``C = sum_s vech(T_s) vech(P_s)ᵀ``, a ``d(d+1)/2``-square matrix: a quarter of the dense
-    ``d^2 x d^2`` normal matrix (545 MB instead of 2 GB at ``d = 128``), accumulated by one GEMM
-    per chunk of sequences. Memory is independent of the number of sequences.
+    Two solvers, chosen by size (``solver="auto"``):
+
+    * ``"dense"``: ``T_i`` and ``P_i`` are symmetric, so ``G[(a, b), (a', b')] =
+      C[ab(a, a'), ab(b, b')]`` with ``C = sum_i vech(T_i) vech(P_i)ᵀ``, a ``d(d+1)/2``-square
+      matrix accumulated by one GEMM per chunk of sequences (without a mask all the tokens of
+      a sequence share ``T_s``: one row per sequence). Memory ``d^4 / 4`` floats, independent of
+      the number of sequences; used up to ``d = 48`` without a mask.
+    * ``"cg"``: matrix-free conjugate gradients. ``G vec(A)`` is applied through per-sequence
+      products (``z_i = A x_i``, then ``S_i z_i``, ``Vᵀ V``, ``S_i`` again and ``sum_i
+      (.) x_iᵀ``), ``O(n^2 d + n d^2)`` per sequence with a mask, ``O(n d^2)`` without, and
+      preconditioned by the Kronecker product of the means. It keeps the sequences (the data's
+      own ``N n d`` floats) and ``O(d^2)`` besides, so any width runs.
+
+    For softmax the sequences are kept in either case, and the linearised solve is refined by
+    Gauss–Newton steps on the softmax model (the same matrix-free products with the fitted
+    weights in place of uniform ones).
     """
 
-    def __init__(self, V, attention, scale=1.0):
+    def __init__(self, V, attention, scale=1.0, mask=None, solver="auto", refine=True):
         self.V = np.asarray(V, dtype=np.float64)
         self.attention = attention
         # X and Y enter divided by this power of two (exact), so that the statistics, cubic and
         # quartic in X, stay finite for extreme data; they are those of the scaled data.
         self.scale = scale
+        self.mask = mask  # None, "causal" or an (n, n) array; checked at the first update
+        self.solver = solver
+        self.refine = refine
         d = self.V.shape[1]
         self.rows, self.cols = np.triu_indices(d)
-        m = len(self.rows)
-        self.C = np.zeros((m, m))
+        self.C = None
         self.rhs = np.zeros((d, d))
         self.P_sum = np.zeros((d, d))
-        self.T_sum = np.zeros((d, d))
+        self.T_sum = np.zeros((d, d))  # sum over tokens of T_i
         self.y_energy = 0.0
         self.n_sequences = 0
+        self.n_queries = 0  # tokens that attend to at least one key
         self.n_tokens = None
         self.n_targets = self.V.shape[0]
+        self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
+        # Without a mask, linear attention's normal operator needs only each sequence's
+        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n.
+        self.moment_blocks = []
+        self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
 
-    def update(self, X, Y):
-        """Add sequences ``X (b, n, d)``, ``Y (b, n, d_out)``; returns ``self``."""
+    @property
+    def centred(self):
+        return self.attention == "softmax"
+
+    @property
+    def keeps_data(self):
+        return self.C is None or (self.centred and self.refine)
+
+    @property
+    def _keeps_moments(self):
+        return self.C is None and not self.centred and self.V.shape[1] <= self.n_tokens
+
+    def _start(self, n_tokens):
+        self.n_tokens = n_tokens
+        self._mask = check_attention_mask(self.mask, n_tokens)
+        d = self.V.shape[1]
+        solver = self.solver
+        if solver == "auto":
+            # The dense route's one-off factorisation (d^6 / 3 flops) stays below a few CG
+            # passes over the sequences up to d = 48.
+            solver = "dense" if (d <= 48 and self._mask is None) else "cg"
+        if solver == "dense":
+            m = len(self.rows)
+            self.C = np.zeros((m, m))
+
+    def update(self, X, Y, lengths=None):
+        """Add sequences ``X (b, n, d)``, ``Y (b, n, d_out)`` (``lengths`` of the padded ones,
+        or ``None``); returns ``self``."""
         if self.n_tokens is None:
-            self.n_tokens = X.shape[1]
+            self._start(X.shape[1])
         elif X.shape[1] != self.n_tokens:
             raise ValueError(f"All sequences must have {self.n_tokens} tokens. Got {X.shape[1]}.")
+        lengths = check_lengths(lengths, X.shape[0], X.shape[1])
         VtV = self.V.T @ self.V
         for start in range(0, X.shape[0], _CHUNK):
             Xb, Yb = X[start:start + _CHUNK], Y[start:start + _CHUNK]
-            if self.scale != 1.0:
-                Xb, Yb = Xb / self.scale, Yb / self.scale
-            P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
-            if self.attention == "softmax":
-                # Around uniform weights the output is V x̄ plus a term linear in the centred
-                # moment: y_i - V x̄ = (beta / sqrt(d)) V C Wᵀ x_i.
-                means = Xb.mean(axis=1, keepdims=True)
-                Yb = Yb - means @ self.V.T
-                Xcb = Xb - means
-                S = Xcb.transpose(0, 2, 1) @ Xcb / X.shape[1]  # mixing moment of each sequence
+            Xb, Yb = Xb / self.scale, Yb / self.scale  # also a copy that the caller cannot alter
+            valid = None if lengths is None else valid_tokens(lengths[start:start + _CHUNK],
+                                                              X.shape[1])
+            allowed = allowed_keys(self._mask, valid, X.shape[1])
+            n, d = X.shape[1], X.shape[2]
+            if allowed is None and self.C is None and n < d:
+                # Wide tokens: the products through the n x n token Gram (O(n^2 d)) are
+                # cheaper than through the d x d moments (O(d^3)).
+                self._add_masked(Xb, Yb, np.ones((1, n, n), dtype=bool), VtV)
+            elif allowed is None:
+                self._add_unmasked(Xb, Yb, VtV)
             else:
-                S = P / X.shape[1]
-            T = S @ VtV @ S
-            _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
-            # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
-            self.rhs += (S @ (self.V.T @ (Yb.transpose(0, 2, 1) @ Xb))).sum(axis=0)
-            self.P_sum += P.sum(axis=0)
-            self.T_sum += T.sum(axis=0)
-            self.y_energy += float(np.sum(Yb**2))
+                self._add_masked(Xb, Yb, allowed, VtV)
             self.n_sequences += len(Xb)
+            if self.keeps_data and not (allowed is None and self._keeps_moments):
+                self.blocks.append((Xb, Yb if self.centred else None, valid))
         return self
+
+    def _add_unmasked(self, Xb, Yb, VtV):
+        n = Xb.shape[1]
+        P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
+        if self.centred:
+            # Around uniform weights the output is V x̄ plus a term linear in the centred
+            # moment: y_i - V x̄ = V C A x_i.
+            means = Xb.mean(axis=1, keepdims=True)
+            Yb = Yb - means @ self.V.T
+            Xcb = Xb - means
+            S = Xcb.transpose(0, 2, 1) @ Xcb / n  # mixing moment of each sequence
+        else:
+            S = P / n
+        T = S @ S if self._identity else S @ VtV @ S
+        if self._keeps_moments:
+            self.moment_blocks.append(S)
+        if self.C is not None:
+            _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
+        # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
+        YtX = Yb.transpose(0, 2, 1) @ Xb
+        self.rhs += (S @ (YtX if self._identity else self.V.T @ YtX)).sum(axis=0)
+        self.P_sum += P.sum(axis=0)
+        self.T_sum += n * T.sum(axis=0)
+        self.y_energy += float(np.sum(Yb**2))
+        self.n_queries += Xb.shape[0] * n
+
+    def _add_masked(self, Xb, Yb, allowed, VtV):
+        weights, queries = uniform_weights(allowed)
+        queries = np.broadcast_to(queries, Xb.shape[:2])
+        Xq = Xb * queries[..., None]  # the queries' x_i; padding rows zero
+        if self.centred:
+            Yb = Yb - (weights @ Xb) @ self.V.T
+        Yb = Yb * queries[..., None]
+        R = _apply_moments(Xb, Yb @ self.V, weights, self.centred)
+        self.rhs += R.reshape(-1, R.shape[2]).T @ Xq.reshape(-1, Xq.shape[2])
+        self.P_sum += Xq.reshape(-1, Xq.shape[2]).T @ Xq.reshape(-1, Xq.shape[2])
+        self.T_sum += _moment_products(Xb, weights, VtV, self.centred)
+        self.y_energy += float(np.sum(Yb**2))
+        self.n_queries += int(queries.sum())
+        if self.C is not None:
+            self._add_dense_per_token(Xb, Xq, weights, VtV)
+
+    def _add_dense_per_token(self, Xb, Xq, weights, VtV):
+        """Rows ``vech(T_i)``, ``vech(P_i)`` of every token into ``C`` (a mask: ``T_i`` differs
+        from token to token)."""
+        n, d = Xb.shape[1], Xb.shape[2]
+        weights = np.broadcast_to(weights, (Xb.shape[0], n, n))
+        step = max(1, _BLOCK_VALUES // (n * d * d))
+        for s in range(0, Xb.shape[0], step):
+            X, Wt = Xb[s:s + step], weights[s:s + step]
+            S = np.einsum("bij,bjk,bjl->bikl", Wt, X, X, optimize=True)
+            if self.centred:
+                means = Wt @ X
+                S -= means[..., :, None] * means[..., None, :]
+            T = (S @ VtV @ S).reshape(-1, d, d)
+            P = (Xq[s:s + step, :, :, None] * Xq[s:s + step, :, None, :]).reshape(-1, d, d)
+            _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
 
     def merge(self, other):
         """Add the statistics of other sequences, in place; returns ``self``."""
@@ -120,14 +391,23 @@ class KernelMoments:
         if self.n_tokens is not None and other.n_tokens != self.n_tokens:
             raise ValueError(f"All sequences must have {self.n_tokens} tokens. Got "
                              f"{other.n_tokens}.")
-        self.n_tokens = other.n_tokens
-        self.C += other.C
+        if self.n_tokens is None:
+            self._start(other.n_tokens)
+        if (self.C is None) != (other.C is None):
+            raise ValueError("Cannot merge kernel statistics of different solvers.")
+        if self.C is not None:
+            self.C += other.C
         self.rhs += other.rhs
         self.P_sum += other.P_sum
         self.T_sum += other.T_sum
         self.y_energy += other.y_energy
         self.n_sequences += other.n_sequences
+        self.n_queries += other.n_queries
+        self.blocks += other.blocks
+        self.moment_blocks += other.moment_blocks
         return self
+
+    # --- the dense and compressed solves ------------------------------------------------------
 
     def _index(self):
         d = self.rhs.shape[0]
@@ -163,83 +443,361 @@ class KernelMoments:
             np.add.at(out, a2[off], both[off, :, 1])
         return out
 
+    def _preconditioner(self, T_sum):
+        """``(T ⊗ P / n_queries)^{-1}``: the Kronecker product of the means, inverted."""
+        Tinv = np.linalg.pinv(T_sum, hermitian=True)
+        Pinv = np.linalg.pinv(self.P_sum, hermitian=True)
+        N = self.n_queries
+        return lambda R: N * (Tinv @ R @ Pinv)
+
     def _solve_iteratively(self, tol=1e-10, max_iter=500):
-        """Conjugate gradients on ``G vec(A) = b``, preconditioned by ``N T̄ ⊗ P̄``."""
+        """Conjugate gradients on ``G vec(A) = b`` from the compressed ``C``."""
         index = self._index()
-        N = self.n_sequences
-        Tinv = np.linalg.pinv(self.T_sum / N, hermitian=True)
-        Pinv = np.linalg.pinv(self.P_sum / N, hermitian=True)
+        return _conjugate_gradients(lambda A: self._matvec(A, index), self.rhs,
+                                    self._preconditioner(self.T_sum), tol, max_iter)[0]
 
-        def precondition(R):
-            return Tinv @ R @ Pinv / N  # (N T̄ ⊗ P̄)^{-1} vec(R) = vec(T̄^{-1} R P̄^{-1}) / N
+    def _dense_solve(self):
+        d = self.rhs.shape[0]
+        G = self.normal_matrix()
+        self._factor = None
+        try:  # G is positive definite whenever the data determine the kernel
+            factor = scipy.linalg.cho_factor(G, lower=True, check_finite=False)
+            A = scipy.linalg.cho_solve(factor, self.rhs.ravel(), check_finite=False)
+            if np.all(np.isfinite(A)):
+                self._factor = factor  # reused for the noise along directions near the cut
+                return A.reshape(d, d)
+        except np.linalg.LinAlgError:
+            pass
+        return np.linalg.lstsq(G, self.rhs.ravel(), rcond=None)[0].reshape(d, d)
 
-        b = self.rhs
-        A = precondition(b)
-        R = b - self._matvec(A, index)
-        Z = precondition(R)
-        D = Z.copy()
-        rz = np.sum(R * Z)
-        b_norm = np.linalg.norm(b)
+    # --- the matrix-free passes over the kept sequences ----------------------------------------
+
+    def _consolidate(self):
+        """Merge the kept chunks (``partial_fit`` may send tiny ones) into blocks of about
+        ``_BLOCK_VALUES`` floats of per-block temporaries; done once per solve, a group at a
+        time, so that at most one block is held twice."""
+        n, d = self.n_tokens, self.rhs.shape[0]
+        step = max(1, _BLOCK_VALUES // (d * d))  # sequences per block of moments
+        if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < step:
+            self.moment_blocks = _regroup(self.moment_blocks, step, np.concatenate)
+        size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
+        if len(self.blocks) > 1 and min(len(X) for X, _, _ in self.blocks) < size:
+            self.blocks = _regroup(self.blocks, size, _concatenate_blocks)
+
+    def _passes(self, A=None):
+        """Per block: ``X``, ``Y``, the weights (``None``: uniform over all tokens, else
+        ``(b, n, n)``), and the queries ``(b, n)`` or ``None``. ``A``: the softmax weights at
+        kernel ``A`` (logits ``x_iᵀ Aᵀ x_j``), else uniform weights over the allowed keys."""
+        n, d = self.n_tokens, self.rhs.shape[0]
+        cache = getattr(self, "_weights_cache", None)
+        if A is not None and (cache is None or cache[0] is not A):
+            # The softmax weights at A, kept for the conjugate-gradient passes of one
+            # Gauss-Newton step when they take no more than the sequences themselves.
+            small = self.n_sequences * n * n <= max(_BLOCK_VALUES, self.n_sequences * n * d)
+            cache = self._weights_cache = (A, [] if small else None)
+        for index, (X, Y, valid) in enumerate(self.blocks):
+            allowed = allowed_keys(self._mask, valid, n)
+            if A is not None:
+                kept = cache[1]
+                if kept is not None and index < len(kept):
+                    weights = kept[index]
+                else:
+                    weights = softmax_weights(X, A, allowed)
+                    if kept is not None:
+                        kept.append(weights)
+                queries = None if allowed is None else allowed.any(axis=-1)
+            elif allowed is None:
+                # Without a mask, S = Xᵀ X / n (O(n d^2)), or uniform weights (O(n^2 d)).
+                weights = None if n >= d else np.full((1, n, n), 1.0 / n)
+                queries = None
+            else:
+                weights, queries = uniform_weights(allowed)
+            if queries is not None:
+                queries = np.broadcast_to(queries, X.shape[:2])[..., None]
+            yield X, Y, weights, queries
+
+    def _normal_apply(self, D, A=None):
+        """``G vec(D)`` (the Gauss–Newton matrix at ``A`` for softmax) by per-sequence
+        products."""
+        out = np.zeros_like(D)
+        d, n = D.shape[0], self.n_tokens
+        VtV = None if self._identity else self.V.T @ self.V
+        for S in self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
+            # The outer products as two GEMMs over the block ([S_1; ...; S_b] stacked, and its
+            # transpose [S_1 ... S_b] since each S_s is symmetric), the middle one batched.
+            stacked = S.reshape(-1, d)
+            R = S @ (stacked @ D.T).reshape(S.shape).transpose(0, 2, 1)  # S_s D S_s
+            if VtV is not None:
+                R = VtV @ R
+            out += n * (stacked.T @ R.reshape(-1, d))
+        for X, _, weights, queries in self._passes(A):
+            R = _apply_moments(X, X @ D.T, weights, self.centred)
+            if not self._identity:
+                R = R @ (self.V.T @ self.V)
+            R = _apply_moments(X, R, weights, self.centred)
+            if queries is not None:
+                R = R * queries
+            out += R.reshape(-1, d).T @ X.reshape(-1, d)
+        return out
+
+    def _softmax_residuals(self, A):
+        """Residual energy of the softmax model at ``A``, its gradient side ``b`` (the
+        ``J_Aᵀ r``) and ``sum_i T_i`` at ``A``."""
+        d = A.shape[0]
+        loss, rhs, T_sum = 0.0, np.zeros_like(A), np.zeros_like(A)
+        VtV = self.V.T @ self.V
+        for X, Y, weights, queries in self._passes(A):
+            residual = Y - (weights @ X) @ self.V.T
+            if queries is not None:
+                residual = residual * queries
+            loss += float(np.sum(residual**2))
+            R = _apply_moments(X, residual @ self.V, weights, True)
+            rhs += R.reshape(-1, d).T @ X.reshape(-1, d)
+            T_sum += _moment_products(X, weights, VtV, True)
+        return loss, rhs, T_sum
+
+    def _gauss_newton(self, A, span=None, max_iter=30, tol=1e-10):
+        """Least squares of the softmax model from the linearised ``A``: Gauss–Newton steps,
+        each solved by preconditioned conjugate gradients, halved until the residual falls.
+
+        Returns the kernel, its residual energy, ``sum_i T_i`` at it and whether the steps
+        converged (relative decrease of the residual below ``tol``... or no step lowering it
+        from a point where the gradient vanishes to solver precision).
+        """
+        loss, rhs, T_sum = self._softmax_residuals(A)
+        converged = False
         for _ in range(max_iter):
-            if np.linalg.norm(R) <= tol * b_norm:
+            # Inexact Gauss-Newton: each step solved to 1e-4 (the steps shrink geometrically,
+            # so the last ones are solved far below the noise).
+            step, _ = _conjugate_gradients(
+                lambda D, A=A: self._normal_apply(D, A), rhs, self._preconditioner(T_sum),
+                1e-4, 200)
+            if span is not None:
+                step = span @ step @ span
+            t = 1.0
+            for _ in range(12):
+                trial = A + t * step
+                with np.errstate(over="ignore", invalid="ignore"):
+                    new = self._softmax_residuals(trial)
+                if np.isfinite(new[0]) and new[0] <= loss:
+                    break
+                t /= 2
+            else:
+                # No step lowers the residual: a minimum to solver precision, if the gradient
+                # there is negligible against the noise.
+                converged = float(np.sum(rhs * step)) <= tol * max(loss, 1e-300)
                 break
-            GD = self._matvec(D, index)
-            step = rz / np.sum(D * GD)
-            A += step * D
-            R -= step * GD
-            Z = precondition(R)
-            rz_new = np.sum(R * Z)
-            D = Z + (rz_new / rz) * D
-            rz = rz_new
-        return A
+            decrease = loss - new[0]
+            A = trial
+            loss, rhs, T_sum = new
+            if decrease <= tol * loss or np.linalg.norm(t * step) <= 1e-9 * np.linalg.norm(A):
+                converged = True
+                break
+        self._weights_cache = None
+        return A, loss, T_sum, converged
 
-    def solve(self, dense_limit=4096):
+    def _local_noise(self, whitened_direction, T_root, P_root, A, tol=1e-4):
+        """The noise variance along a direction of the whitened kernel, relative to the
+        ``sigma^2`` the Kronecker whitening assumes: ``vec(B)ᵀ G^{-1} vec(B) / N`` with
+        ``B = T^{1/2} Z P^{1/2}`` (``Z`` of unit norm; ``A``: the Gauss–Newton point, or
+        ``None``). One conjugate-gradient solve."""
+        B = T_root @ whitened_direction @ P_root
+        factor = getattr(self, "_factor", None)
+        if A is None and factor is not None:
+            solution = scipy.linalg.cho_solve(factor, B.ravel(), check_finite=False)
+            return float(B.ravel() @ solution) / self.n_queries
+        if A is None and self.C is not None:
+            index = self._index()
+            apply = lambda Z: self._matvec(Z, index)  # noqa: E731
+            T_sum = self.T_sum
+        else:
+            apply = lambda Z: self._normal_apply(Z, A)  # noqa: E731
+            T_sum = T_root @ T_root
+        solution, _ = _conjugate_gradients(apply, B, self._preconditioner(T_sum), tol, 300)
+        return float(np.sum(B * solution)) / self.n_queries
+
+    def _enough(self, A, rz, fraction=1e-2):
+        """Whether the error of the conjugate-gradient iterate ``A`` is below ``fraction`` of
+        the noise: its squared ``G``-norm (about ``rz``) under ``fraction^2`` times the noise
+        energy ``sigma^2 d^2`` of the least squares, with ``sigma^2`` from the residual of
+        ``A`` (``||y||^2 - bᵀ vec(A)``, exact at the solution)."""
+        d = A.shape[0]
+        dof = max(self.n_queries * self.n_targets - d * d, 1)
+        noise = max(self.y_energy - float(np.sum(self.rhs * A)), 0.0) / dof
+        return rz <= fraction**2 * noise * d * d
+
+    def solve(self, dense_limit=4096, tol=None):
         """Least-squares kernel, its noise-whitened spectrum and the threshold rank.
 
-        Up to ``dense_limit`` unknowns (``d = 64``) the dense normal matrix is solved
-        directly; beyond, conjugate gradients run on the compressed statistics.
+        With the dense statistics and up to ``dense_limit`` unknowns the normal matrix is
+        factorised directly; beyond, conjugate gradients run on the compressed statistics, or,
+        for the matrix-free solver, on the kept sequences: to the relative residual ``tol``
+        when given (``1e-13`` agrees with the dense solve to about ``1e-10``), by default until
+        the error is below 1% of the noise of the least squares (in the ``G``-norm), which no
+        rank reading can tell apart from the exact solve. For
+        softmax with the sequences kept, Gauss–Newton steps then fit the softmax model itself.
 
         The noise of ``Â`` has covariance ``sigma^2 G^{-1}``. Approximating ``G`` by the
-        Kronecker product of the means, ``N T̄ ⊗ P̄``, the kernel ``T̄^{1/2} Â P̄^{1/2} sqrt(N)``
-        carries i.i.d. noise of variance ``sigma^2``, and its rank is read with the
-        Gavish–Donoho threshold.
+        Kronecker product of the means, ``N T̄ ⊗ P̄`` over the ``N`` queries, the kernel
+        ``T̄^{1/2} Â P̄^{1/2} sqrt(N)`` carries i.i.d. noise of variance ``sigma^2``, and its
+        rank is read with the Gavish–Donoho threshold.
 
-        Returns a Bunch with ``kernel`` (``W``, for softmax up to the factor
-        ``beta / sqrt(d)``), ``whitened`` (the noise-whitened kernel), ``singular_values`` (of
-        ``whitened``), ``threshold``, ``rank``, ``noise_variance`` and ``logit_rms``
-        (root-mean-square of the fitted logits ``x_iᵀ W x_j``, times the softmax factor: how far
-        the linearisation is stretched).
+        Returns a Bunch with ``kernel`` (``W``, for softmax times the factor ``beta /
+        sqrt(d)``), ``whitened`` (the noise-whitened kernel), ``singular_values`` (of
+        ``whitened``), ``threshold``, ``rank``, ``noise_variance``, ``logit_rms``
+        (root-mean-square of the fitted logits ``x_iᵀ W x_j`` over independent tokens, times
+        the softmax factor), ``linearised_logit_rms`` (the same for the linearised solve),
+        ``kronecker_rank`` (the count above the uncorrected cut), ``local_noise`` (``{k:
+        ratio}``: the noise variance along the singular directions near the cut relative to
+        the whitening's assumption; the cut of direction ``k`` is scaled by its square
+        root),
+        ``converged`` (``False`` where the softmax fit did not converge) and ``solver``.
         """
+        if self.n_sequences == 0:
+            raise ValueError("No sequences were added.")
         d = self.rhs.shape[0]
-        N, n = self.n_sequences, self.n_tokens
-        if d * d <= dense_limit:
-            G = self.normal_matrix()
-            A = np.linalg.lstsq(G, self.rhs.ravel(), rcond=None)[0].reshape(d, d)
+        N = self.n_queries
+        self._factor = None
+        if self.C is not None and d * d <= dense_limit:
+            A, solver = self._dense_solve(), "dense"
+        elif self.C is not None:
+            A, solver = self._solve_iteratively(tol=1e-10 if tol is None else tol), "cg"
         else:
-            A = self._solve_iteratively()
+            self._consolidate()
+            A, _ = _conjugate_gradients(self._normal_apply, self.rhs,
+                                        self._preconditioner(self.T_sum),
+                                        1e-9 if tol is None else tol, 1000,
+                                        enough=None if tol is not None else self._enough)
+            solver = "cg"
+        # Only the kernel on the span of the tokens acts (x_iᵀ A x_j, S_i A x_i): tokens of a
+        # vocabulary may span fewer than d directions, and the rest of A is not identifiable.
+        span = _token_span(self.P_sum)
+        if span is not None:
+            A = span @ A @ span
         # Residual sum of squares ||Y||^2 - bᵀ vec(Â) (least squares), floored at float64
-        # resolution; N n d_out observations, d^2 parameters.
+        # resolution.
         rss = max(self.y_energy - self.rhs.ravel() @ A.ravel(),
                   64 * np.finfo(float).eps * self.y_energy)
-        noise_variance = rss / max(N * n * self.n_targets - d * d, 1)
-        P_mean, T_mean = self.P_sum / N, self.T_sum / N
-        whitened = _sqrtm_psd(T_mean) @ A @ _sqrtm_psd(P_mean) * np.sqrt(N)
-        s = np.linalg.svd(whitened, compute_uv=False)
-        threshold = optimal_hard_threshold(s, np.sqrt(noise_variance), shape=(d, d))
+        root = _sqrtm_psd(self.P_sum / N)
+        linearised_rms = float(np.linalg.norm(root @ A.T @ root))
+        T_sum, converged, weights_at = self.T_sum, True, None
+        if self.centred and self.refine and self.blocks:
+            self._consolidate()
+            A, loss, T_sum, converged = self._gauss_newton(A, span)
+            rss = max(loss, 64 * np.finfo(float).eps * self.y_energy)
+            weights_at = A
+
+        # N d_out observations, d^2 parameters.
+        noise_variance = rss / max(N * self.n_targets - d * d, 1)
+        T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
+        whitened = T_root @ A @ P_root / np.sqrt(N)
+        U, s, Vt = np.linalg.svd(whitened)
+        k = d if span is None else int(round(np.trace(span)))  # the identifiable block
+        threshold = optimal_hard_threshold(s[:k], np.sqrt(noise_variance), shape=(k, k))
+        # The whitening takes G for a Kronecker product. Near the cut, the noise variance
+        # along each singular direction is computed from G itself, and the cut scaled by it.
+        kronecker_rank = rank = int(np.sum(s > threshold))
+        local = {}
+
+        def passes(k):  # s_k against the cut scaled by the noise along its own direction
+            if not threshold / 2 < s[k] < 2 * threshold:
+                return s[k] > threshold
+            local[k] = self._local_noise(np.outer(U[:, k], Vt[k]), T_root, P_root, weights_at)
+            return s[k] > threshold * np.sqrt(max(local[k], 0.0))
+
+        # Only the values next to the cut decide the count: walk down while the last one
+        # counted fails its corrected cut, or up while the first one left out passes it.
+        while rank > 0 and len(local) < 6 and not passes(rank - 1):
+            rank -= 1
+        if rank == kronecker_rank:
+            while rank < d and len(local) < 6 and passes(rank):
+                rank += 1
         kernel = A.T
         # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
-        root = _sqrtm_psd(P_mean / n)
+        self._factor = self._weights_cache = None  # not kept (nor pickled) beyond the solve
         return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
-                     rank=int(np.sum(s > threshold)), noise_variance=noise_variance,
-                     logit_rms=float(np.linalg.norm(root @ kernel @ root)))
+                     rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
+                     noise_variance=noise_variance,
+                     logit_rms=float(np.linalg.norm(root @ kernel @ root)),
+                     linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
+                     exact=not self.centred or (bool(self.blocks) and self.refine and converged))
 
 
-def qk_kernel_least_squares(X, Y, V, attention):
+def _token_span(P, rtol=1e-10):
+    """The orthogonal projector on the span of the tokens (second moment ``P``), or ``None``
+    when they span every direction."""
+    values, vectors = np.linalg.eigh((P + P.T) / 2)
+    keep = values > rtol * max(values[-1], 0.0)
+    if keep.all() or not keep.any():
+        return None
+    return vectors[:, keep] @ vectors[:, keep].T
+
+
+def _regroup(blocks, size, concatenate):
+    """Consecutive ``blocks`` joined into groups of at least ``size`` sequences, consuming the
+    list as it goes (each original is released once its group is joined)."""
+    merged, group, count = [], [], 0
+    blocks.reverse()
+    while blocks:
+        block = blocks.pop()
+        group.append(block)
+        count += len(block[0]) if isinstance(block, tuple) else len(block)
+        if count >= size:
+            merged.append(concatenate(group))
+            group, count = [], 0
+    if group:
+        merged.append(concatenate(group))
+    return merged
+
+
+def _concatenate_blocks(group):
+    """One kept block ``(X, Y, valid)`` from several."""
+    if len(group) == 1:
+        return group[0]
+    X = np.concatenate([g[0] for g in group])
+    Y = None if group[0][1] is None else np.concatenate([g[1] for g in group])
+    if all(g[2] is None for g in group):
+        return X, Y, None
+    valid = np.concatenate([np.ones(g[0].shape[:2], dtype=bool) if g[2] is None else g[2]
+                            for g in group])
+    return X, Y, valid
+
+
+def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
+    """Preconditioned conjugate gradients on ``apply(A) = b`` (matrices); the solution and
+    whether the relative residual reached ``tol``. ``enough(A, rz)``, if given, also stops
+    the iterations (``rz = rᵀ P^{-1} r``, about the error's squared ``G``-norm)."""
+    A = precondition(b)
+    R = b - apply(A)
+    Z = precondition(R)
+    D = Z.copy()
+    rz = np.sum(R * Z)
+    b_norm = np.linalg.norm(b)
+    for _ in range(max_iter):
+        if np.linalg.norm(R) <= tol * b_norm or rz <= 0:
+            return A, True
+        if enough is not None and enough(A, rz):
+            return A, True
+        GD = apply(D)
+        curvature = np.sum(D * GD)
+        if curvature <= 0:
+            break
+        step = rz / curvature
+        A = A + step * D
+        R = R - step * GD
+        Z = precondition(R)
+        rz_new = np.sum(R * Z)
+        D = Z + (rz_new / rz) * D
+        rz = rz_new
+    return A, bool(np.linalg.norm(R) <= tol * b_norm)
+
+
+def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None):
     """Least-squares query–key kernel of attention with a known value map ``V``.
 
     One pass of :class:`KernelMoments` over all sequences; see :meth:`KernelMoments.solve`.
     """
-    return KernelMoments(V, attention).update(X, Y).solve()
+    return KernelMoments(V, attention, mask=mask).update(X, Y, lengths).solve()
 
 
 def _accumulate_outer(C, A, B):

@@ -19,6 +19,7 @@ from sklearn.base import (
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._attention_operators import check_attention_mask, check_lengths
 from ._dask import dask_statistics, is_dask_array
 from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
@@ -35,6 +36,11 @@ __all__ = ["IntrinsicRankEstimator"]
 
 # Fitted attributes that only some statistics or criteria set.
 _OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_seen_")
+# Attributes read from the solved statistics: after partial_fit they are computed when first
+# read (the solve is lazy), so that many small chunks cost no solve each.
+_READ_ATTRIBUTES = ("rank_", "singular_values_", "threshold_", "noise_variance_", "mean_",
+                    "qk_kernel_", "logit_rms_", "cv_results_", "explained_energy_",
+                    "components_")
 
 
 def _in_data_units(values, unit, scales):
@@ -64,10 +70,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
       squares recovers ``W`` (``qk_kernel_``) and its rank exactly;
     - value map unknown (``value=None``): the per-token channel operator ``y_i ~ V Sigma Wᵀ
       x_i`` of rank ``rank(W)``, exact as ``n`` grows;
-    - softmax attention is linearised around uniform weights (centred moments). Recovery is
-      partial: it degrades as logits grow, and a direction of ``W`` that ``V`` annihilates is
-      invisible. With a known value map ``logit_rms_`` measures the fitted logits, and a
-      :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when it passes 1.
+    - softmax attention is linearised around uniform weights (centred moments). With a known
+      value map the linearised kernel is refined by Gauss–Newton steps on the softmax itself,
+      so the kernel is that of the exact model for the tokens at hand (vocabulary embeddings,
+      skewed laws), ``logit_rms_`` measures its logits, and near the threshold the noise along
+      each singular direction comes from the normal matrix itself (a
+      :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when that decided the
+      count, or when only the linearisation was fitted and its logits pass 1). Without it the
+      per-token operator is a linearisation, and a direction of ``W`` that ``V`` annihilates
+      is invisible.
+    - masks and padding: ``mask="causal"`` (or a 0/1 array) restricts each query to its
+      allowed keys, and ``fit(X, y, lengths=...)`` marks the padding of shorter sequences; the
+      moments above are then those of each token's allowed keys. Up to ``d = 48`` without a
+      mask the kernel's normal matrix is formed (``d^4 / 4`` floats); beyond, a matrix-free
+      conjugate-gradient solver keeps the sequences and ``O(d^2)`` floats.
 
     Parameters
     ----------
@@ -82,6 +98,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         The attention class, for ``operator="attention"``.
     value : None, "identity" or array-like of shape (n_targets, n_features), default=None
         The value map ``V`` of attention, if known.
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        The attention mask, for ``operator="attention"``: every query attends to every key
+        (``None``), to the keys ``j <= i`` (``"causal"``, a decoder), or to the 1 entries of
+        its row of a 0/1 array (each row must allow a key). Linear attention averages over the
+        allowed keys, the softmax is taken over them. Padded sequences of different lengths
+        are passed as ``fit(X, y, lengths=...)``.
     criterion : {"threshold", "rsc", "cv", "energy"}, default="threshold"
         How the rank is read from the spectrum:
 
@@ -145,7 +167,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     qk_kernel_ : ndarray of shape (n_features, n_features), only with a known value map
         The least-squares query–key kernel ``W`` (for softmax, times ``beta / sqrt(d)``).
     logit_rms_ : float, only with a known value map
-        Root-mean-square of the fitted attention logits.
+        Root-mean-square of the fitted attention logits ``x_iᵀ W x_j`` (times ``beta /
+        sqrt(d)`` for softmax) over independent tokens of the data's second moment.
     explained_energy_ : ndarray
         Fraction of the operator's energy (squared singular values) carried by each component.
     cv_results_ : dict, only for ``criterion="cv"``
@@ -178,6 +201,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "operator": [StrOptions({"auto", "static", "attention"})],
         "attention": [StrOptions({"softmax", "linear"})],
         "value": [None, StrOptions({"identity"}), "array-like"],
+        "mask": [None, StrOptions({"causal"}), "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
         # Below 1e-12 the level 1 - significance is no longer resolved in float64.
         "significance": [Interval(Real, 1e-12, 0.5, closed="left")],
@@ -186,11 +210,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "fit_intercept": ["boolean"],
     }
 
-    def __init__(self, operator="auto", *, attention="softmax", value=None,
+    def __init__(self, operator="auto", *, attention="softmax", value=None, mask=None,
                  criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True):
         self.operator = operator
         self.attention = attention
         self.value = value
+        self.mask = mask
         self.criterion = criterion
         self.significance = significance
         self.tau = tau
@@ -198,7 +223,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.fit_intercept = fit_intercept
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, lengths=None):
         """Estimate the intrinsic rank.
 
         Parameters
@@ -208,6 +233,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         y : array-like of shape (n_samples, n_targets) or (n_samples, n_tokens, n_targets), \
                 default=None
             Targets; without them the rank of ``X`` itself is read (2-D data only).
+        lengths : array-like of shape (n_samples,), default=None
+            For padded sequences (attention only): sequence ``s`` holds ``lengths[s]`` tokens
+            followed by padding, which is neither query nor key and whose values are ignored.
 
         Returns
         -------
@@ -215,28 +243,36 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """
         self._reset()
         if is_dask_array(X):
+            if lengths is not None:
+                raise ValueError("`lengths` is not supported with dask arrays.")
             if self.criterion == "cv":
                 raise ValueError(f"{CV_NEEDS_ALL_DATA}; with dask arrays use 'threshold', "
                                  "'rsc' or 'energy'.")
             self._accumulate_dask(X, y)
             return self._read()
-        self._accumulate(X, y, min_samples=2)
+        self._accumulate(X, y, min_samples=2, lengths=lengths)
         if self.criterion == "cv":
             return self._read(cv_data=self._cv_data(X, y))
         return self._read()
 
-    def partial_fit(self, X, y=None):
-        """Add a chunk of data and re-read the rank from everything seen so far.
+    def partial_fit(self, X, y=None, lengths=None):
+        """Add a chunk of data; the rank is read from everything seen so far when first asked.
 
         The accumulated moments equal those of one :meth:`fit` on all the chunks (to rounding),
-        in memory independent of the number of samples. Chunks of any size work; until they hold
-        enough samples to read a rank (two, more for ``criterion="rsc"``), ``rank_`` is not set.
-        ``criterion="cv"`` needs all the data at once and is not available.
+        in memory independent of the number of samples (the attention kernel's matrix-free
+        solver and the softmax fit keep the sequences themselves). The statistics are solved
+        lazily: reading ``rank_`` or any other fitted attribute after a chunk solves them once
+        (and emits that reading's warnings), so many small chunks cost one solve. Until the
+        chunks hold enough samples to read a rank (two, more for ``criterion="rsc"``),
+        ``rank_`` is not set. ``criterion="cv"`` needs all the data at once and is not
+        available.
 
         Parameters
         ----------
         X, y : array-like
             As in :meth:`fit`; every chunk must have the same number of features (and tokens).
+        lengths : array-like of shape (n_samples,), default=None
+            As in :meth:`fit`.
 
         Returns
         -------
@@ -248,13 +284,26 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             raise ValueError(f"{CV_NEEDS_ALL_DATA}; use fit, or another criterion with "
                              "partial_fit.")
-        self._accumulate(X, y, min_samples=1)
+        self._accumulate(X, y, min_samples=1, lengths=lengths)
         stats = self._statistics
         self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
-        try:
-            return self._read()
-        except NotEnoughData:
-            return self  # the rank is read once enough chunks have arrived
+        for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
+            self.__dict__.pop(name, None)
+        self._unread = True
+        return self
+
+    def __getattr__(self, name):
+        # Only called for attributes not set: a fitted one after partial_fit is read now.
+        if name in _READ_ATTRIBUTES and self.__dict__.get("_unread", False):
+            self.__dict__["_unread"] = False
+            try:
+                self._read()
+            except NotEnoughData as error:
+                self.__dict__["_unread"] = True
+                raise AttributeError(f"{name} is not set yet: {error}") from error
+            if name in self.__dict__:
+                return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def transform(self, X):
         """Project the centred inputs onto the ``rank_`` input directions.
@@ -291,20 +340,35 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     # --- input plumbing: validation, dask, scaling ----------------------------------------
 
-    def _accumulate(self, X, y, min_samples):
+    def _accumulate(self, X, y, min_samples, lengths=None):
         first = self._statistics is None
         if first:
             self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
         elif (y is None) != (self._fit_mode == "inputs"):
             raise ValueError("Every chunk must come with targets `y`, or none of them.")
+        attention = self._fit_mode in ("kernel", "per_token")
+        if not attention and (self.mask is not None or lengths is not None):
+            raise ValueError("`mask` and `lengths` describe the attention of sequence data and "
+                             "apply only to operator='attention' (or 'auto' on 3-D data).")
         X2, Y2 = self._validate_chunk(X, y, first, min_samples)
+        if attention:
+            check_attention_mask(self.mask, X2.shape[1])  # a clear error before any work
+            lengths = check_lengths(lengths, X2.shape[0], X2.shape[1])
         if first:
             self._statistics, self._scales = new_statistics(
-                self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept)
-        self._statistics.update(*statistic_rows(self._fit_mode, X2, Y2, self.attention))
+                self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept,
+                mask=self.mask)
+        if self._fit_mode == "kernel":
+            self._statistics.update(X2, Y2, lengths)
+        else:
+            self._statistics.update(*statistic_rows(self._fit_mode, X2, Y2, self.attention,
+                                                    self.mask, lengths))
 
     def _reset(self):
         self._statistics = None
+        self._unread = False
+        for name in _READ_ATTRIBUTES:
+            self.__dict__.pop(name, None)
         for name in _OPTIONAL_ATTRIBUTES:  # set by some statistics or criteria only
             self.__dict__.pop(name, None)
 
@@ -346,12 +410,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         def start(first_x, first_y):  # validates and sizes from the first block
             statistics, self._scales = new_statistics(
                 mode, *self._validate_chunk(first_x, first_y, True), attention, self.value,
-                self.fit_intercept)
+                self.fit_intercept, mask=self.mask)
             return statistics
 
         def add(statistics, xb, yb):
-            return statistics.update(
-                *statistic_rows(mode, *self._validate_chunk(xb, yb, False), attention))
+            return statistics.update(*statistic_rows(
+                mode, *self._validate_chunk(xb, yb, False), attention, self.mask))
 
         self._statistics = dask_statistics(X, y, start, add)
         if X.shape[0] < 2:

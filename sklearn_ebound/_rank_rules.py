@@ -47,6 +47,7 @@ __all__ = [
     "static_rule",
     "cap_by_energy",
     "logit_caveat",
+    "whitening_caveat",
     "short_sequence_caveat",
 ]
 
@@ -85,11 +86,14 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             directions = operator.coef @ operator.output_directions[:, : reading.rank]
         components = orthonormal_directions(directions)
     caveats = list(reading.caveats)
+    exact = kernel is not None and kernel.get("exact", attention == "linear")
     if kernel is not None and attention == "softmax":
-        caveats.append(logit_caveat(kernel.logit_rms))
-    # The model is only approximate for softmax and for an unknown value map: its error is
-    # systematic, so the threshold's rank is capped by the energy of what passed.
-    approximate = name == "per_token" or (name == "kernel" and attention == "softmax")
+        caveats.append(logit_caveat(kernel.logit_rms, exact))
+    if kernel is not None and criterion == "threshold":
+        caveats.append(whitening_caveat(kernel))
+    # The model is only approximate for an unknown value map and for the linearised softmax:
+    # its error is systematic, so the threshold's rank is capped by the energy of what passed.
+    approximate = name == "per_token" or (name == "kernel" and not exact)
     if approximate and criterion == "threshold":
         reading = cap_by_energy(reading, s, tau)
         if name == "per_token":
@@ -389,9 +393,28 @@ def short_sequence_caveat(n_tokens, tau):
             "lower tau.")
 
 
-def logit_caveat(logit_rms):
-    """Where the fitted softmax logits are too large for its linearisation, a caveat."""
-    if logit_rms <= 1:
+def whitening_caveat(fit):
+    """Where the noise whitening of the kernel alone would have read another rank, a caveat.
+
+    The whitening takes the least squares' normal matrix for a Kronecker product; near the cut
+    :meth:`KernelMoments.solve` scales the cut by the noise variance computed from the normal
+    matrix itself along each singular direction. Where that correction changes the count the
+    rank rests on it, and the caveat says so."""
+    kronecker = fit.get("kronecker_rank", fit.rank)
+    if kronecker == fit.rank:
+        return None
+    ratios = ", ".join(f"{v:.2f}" for v in fit.local_noise.values())
+    return (f"Near the threshold the noise of the query-key kernel is not what its Kronecker "
+            f"whitening assumes (variance ratios {ratios} along the singular directions "
+            f"there, as with large logits or few keys per query): corrected, the rank is "
+            f"{fit.rank}; uncorrected it would be {kronecker}. Values this close to the cut "
+            "make the rank uncertain.")
+
+
+def logit_caveat(logit_rms, exact=False):
+    """Where the fitted softmax logits are too large for its linearisation, a caveat; none
+    where the kernel is the converged least squares of the softmax model itself (``exact``)."""
+    if exact or logit_rms <= 1:
         return None
     return (f"The fitted attention logits have root-mean-square {logit_rms:.2f} > 1: the "
             "linearisation of the softmax is strained and the rank may be wrong.")

@@ -10,7 +10,12 @@ from typing import NamedTuple
 import numpy as np
 from sklearn.utils import check_array
 
-from ._attention_operators import KernelMoments, per_token_data, token_mixing_data
+from ._attention_operators import (
+    KernelMoments,
+    check_attention_mask,
+    per_token_data,
+    token_mixing_data,
+)
 from ._moments import Moments, power_of_two_scale
 
 __all__ = [
@@ -120,12 +125,14 @@ def _statistics_name(X, Y, operator, value):
     return "inputs" if Y is None else "static"
 
 
-def statistic_rows(name, X, Y, attention):
-    """The rows the 2-D statistics of ``name`` are made of, for one validated chunk."""
+def statistic_rows(name, X, Y, attention, mask=None, lengths=None):
+    """The rows the 2-D statistics of ``name`` are made of, for one validated chunk (for
+    ``"per_token"``, of sequences with the attention ``mask`` and padding ``lengths``)."""
     if name == "token_mixing":
         return token_mixing_data(X, Y)
     if name == "per_token":
-        return per_token_data(X, Y, center_sequences=attention == "softmax")
+        return per_token_data(X, Y, center_sequences=attention == "softmax",
+                              mask=check_attention_mask(mask, X.shape[1]), lengths=lengths)
     return X, Y
 
 
@@ -143,8 +150,9 @@ def value_map(value, n_features, n_targets):
     return V
 
 
-def new_statistics(name, X, Y, attention, value, center):
-    """Empty statistics ``name`` for data shaped like the first chunk, and their scales.
+def new_statistics(name, X, Y, attention, value, center, mask=None):
+    """Empty statistics ``name`` for data shaped like the first chunk, and their scales
+    (``mask``: the attention mask of ``"kernel"``).
 
     The data enter divided by the powers of two of the first chunk (exact), so that the
     products of extreme data stay finite; the scales ``(s_x, s_y)`` are returned with them.
@@ -154,7 +162,7 @@ def new_statistics(name, X, Y, attention, value, center):
         # The value map V takes X's units to Y's: one common scale keeps it valid.
         scales = (max(scales),) * 2
         V = value_map(value, X.shape[2], Y.shape[2])
-        return KernelMoments(V, attention, scale=scales[0]), scales
+        return KernelMoments(V, attention, scale=scales[0], mask=mask), scales
     X2, Y2 = statistic_rows(name, X[:1], Y[:1], attention)
     return Moments.empty(X2.shape[1], Y2.shape[1], center=center, scale_x=scales[0],
                          scale_y=scales[1]), scales

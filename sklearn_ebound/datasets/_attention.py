@@ -16,6 +16,13 @@ import numpy as np
 from scipy.special import softmax
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
+from .._attention_operators import (
+    allowed_keys,
+    check_attention_mask,
+    check_lengths,
+    uniform_weights,
+    valid_tokens,
+)
 from .._deprecation import renamed_keyword
 from .._random import random_orthonormal
 from ._static import padded_spectrum, planted_singular_values
@@ -82,6 +89,22 @@ def _value_map(value, n_features, n_targets, hidden, rng):
     return V, V.shape[0]
 
 
+def _embeddings(law, size, n_features, rng):
+    """``size`` embedding vectors of the token ``law`` (see :func:`make_attention_task`)."""
+    if law == "gaussian":
+        return rng.standard_normal((size, n_features))
+    if law == "symmetric":
+        if size % 2:
+            raise ValueError(f"`vocabulary_law='symmetric'` pairs each embedding with its "
+                             f"negative and needs an even `vocabulary_size`. Got {size}.")
+        half = rng.standard_normal((size // 2, n_features))
+        return np.concatenate([half, -half])
+    if law == "skewed":
+        return rng.exponential(size=(size, n_features)) - 1.0
+    raise ValueError(f"`vocabulary_law` must be 'gaussian', 'symmetric' or 'skewed'. Got "
+                     f"{law!r}.")
+
+
 def make_attention_task(
     attention="linear",
     n_samples=1000,
@@ -96,6 +119,9 @@ def make_attention_task(
     decay=1.0,
     noise=0.1,
     vocabulary_size=None,
+    vocabulary_law="gaussian",
+    mask=None,
+    lengths=None,
     random_state=None,
     return_params=False,
     kind=None,
@@ -107,6 +133,12 @@ def make_attention_task(
     * linear attention: ``Y_s = (1/n) (X_s W X_s^T) X_s V^T + E_s``;
     * softmax attention: ``Y_s = softmax(beta * X_s W X_s^T / sqrt(d)) X_s V^T + E_s``, the
       softmax taken along each row, ``beta = logit_scale`` and ``d = n_features``;
+
+    With a ``mask`` token ``i`` attends only to its allowed keys ``K_i``: linear attention
+    averages over them, ``y_i = (1/|K_i|) sum_{j in K_i} (x_i^T W x_j) V x_j`` (``1/n``
+    without a mask), and the softmax is taken over them. With ``lengths`` the sequences are
+    padded: the tokens at positions ``>= lengths[s]`` are zero in ``X`` and ``Y`` (no noise),
+    and are neither queries nor keys.
 
     with the query-key kernel ``W = W_Q W_K^T`` of rank ``r*_att = rank``: ``W_Q = U S^{1/2}``,
     ``W_K = R S^{1/2}`` with Haar-random orthonormal ``U, R`` (``d x r``) and ``S`` the planted
@@ -149,6 +181,16 @@ def make_attention_task(
         language tokens are: a non-Gaussian token law, under which the softmax nonlinearity
         leaks into directions outside the kernel's (Gaussian tokens are the special case in
         which, by Stein's lemma, it cannot).
+    vocabulary_law : {"gaussian", "symmetric", "skewed"}, default="gaussian"
+        The law of the embeddings of a vocabulary (``vocabulary_size`` given): standard
+        normal; standard normal in ``±`` pairs (a symmetric token law with non-Gaussian
+        fourth moments; ``vocabulary_size`` must be even); or centred, unit-variance
+        exponential entries (a skewed law).
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        Which keys each query attends to: all (``None``), ``j <= i`` (``"causal"``, as in a
+        decoder), or the 1 entries of row ``i`` of a 0/1 array (each row must allow one).
+    lengths : array-like of shape (n_samples,), default=None
+        Lengths of padded sequences, in ``[1, n_tokens]``; ``None``: no padding.
     random_state : int, RandomState instance or None, default=None
         Seed of the draw.
     return_params : bool, default=False
@@ -197,24 +239,38 @@ def make_attention_task(
     hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
     V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
 
+    mask = check_attention_mask(mask, n_tokens)
+    lengths = check_lengths(lengths, n_samples, n_tokens)
     if vocabulary_size is None:
-        vocabulary = None
+        embeddings = None
         X = rng.standard_normal((n_samples, n_tokens, n_features))
     else:
         check_scalar(vocabulary_size, "vocabulary_size", Integral, min_val=1)
-        vocabulary = rng.standard_normal((vocabulary_size, n_features))
-        X = vocabulary[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
+        embeddings = _embeddings(vocabulary_law, vocabulary_size, n_features, rng)
+        X = embeddings[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
+    valid = valid_tokens(lengths, n_tokens)
+    if valid is not None:
+        X = X * valid[..., None]
+    allowed = allowed_keys(mask, valid, n_tokens)
     # logits[s, i, j] = x_i^T W x_j
     logits = X @ W @ X.transpose(0, 2, 1)
     if attention == "linear":
-        mixing = logits / n_tokens
+        mixing = logits / n_tokens if allowed is None else logits * uniform_weights(allowed)[0]
     else:
-        mixing = softmax(logit_scale * logits / np.sqrt(n_features), axis=-1)
+        scaled = logit_scale * logits / np.sqrt(n_features)
+        if allowed is not None:
+            scaled = np.where(allowed, scaled, -np.inf)
+            scaled[~np.broadcast_to(allowed.any(axis=-1), scaled.shape[:2])] = 0.0  # padding rows
+        mixing = softmax(scaled, axis=-1)
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
+    if valid is not None:
+        Y = Y * valid[..., None]
     if not return_params:
         return X, Y
     params = Bunch(
-        vocabulary=vocabulary,
+        vocabulary=embeddings,
+        mask=mask,
+        lengths=lengths,
         W_Q=W_Q,
         W_K=W_K,
         W=W,

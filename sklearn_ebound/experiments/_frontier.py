@@ -37,7 +37,7 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
                             logit_scales=(0.5, 1.0, 2.0, 4.0, 8.0), n_tokens=(16, 64),
                             value_conditions=(1.0, 10.0, np.inf), noises=(0.1,),
                             vocabulary_sizes=(None, 32), n_samples=300, n_features=6, rank=2,
-                            n_repeats=5,
+                            n_repeats=5, mask=None,
                             random_state=None, progress=None):
     """Recovery rate of :class:`~sklearn_ebound.IntrinsicRankEstimator` over a grid of tasks.
 
@@ -65,6 +65,9 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
         :func:`~sklearn_ebound.datasets.make_attention_task`).
     n_samples, n_features, rank, n_repeats : int
         Sequences per task, channels, planted rank, tasks per cell.
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        The attention mask of every task, given to the generator and to the estimator (an
+        array needs a single sequence length in ``n_tokens``).
     random_state : int, RandomState instance or None, default=None
     progress : callable, default=None
         Called as ``progress(done, total)`` after each cell.
@@ -88,9 +91,9 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
                      else conditioned_value_map(n_features, cond, rng))
             X, Y, params = make_attention_task(attention, n_samples, n, n_features, rank=rank,
                                                logit_scale=beta or 1.0, value=value,
-                                               noise=noise, vocabulary_size=vocab,
+                                               noise=noise, vocabulary_size=vocab, mask=mask,
                                                random_state=rng, return_params=True)
-            estimator = IntrinsicRankEstimator("attention", attention=attention,
+            estimator = IntrinsicRankEstimator("attention", attention=attention, mask=mask,
                                                value=params.V if known else None)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RankEstimationWarning)
@@ -106,4 +109,5 @@ def predictability_frontier(*, attention=("linear", "softmax"), value_known=(Tru
         if progress is not None:
             progress(done, len(cells))
     return FrontierResult(rows, n_samples=n_samples, n_features=n_features, rank=rank,
-                          n_repeats=n_repeats)
+                          n_repeats=n_repeats,
+                          mask=mask if mask is None or isinstance(mask, str) else "array")

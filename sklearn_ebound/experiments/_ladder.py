@@ -63,7 +63,7 @@ def _log_mixing_rank(X, Y, tau):
 
 def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
                          logit_scales=(0.5, 1.0, 2.0, 4.0), noise=0.05, tau=0.99,
-                         solved_tolerance=0.05, random_state=None):
+                         solved_tolerance=0.05, mask=None, random_state=None):
     """Run the interpolation ladder of the Entropic Bound.
 
     Rung 0: static linear mixing ``Y_s = M X_s`` with ``rank(M) = r*``. Rung 1: the same task
@@ -87,6 +87,9 @@ def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
         Energy level of the log-mixing rank at rung 2.
     solved_tolerance : float, default=0.05
         Largest relative excess risk at which the static model counts as solving the task.
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        The attention mask of the attention rungs 3 and 4, given to the generator and to the
+        attention-native estimator (the static rungs have no attention to mask).
     random_state : int, RandomState instance or None, default=None
 
     Returns
@@ -121,11 +124,13 @@ def interpolation_ladder(*, n_samples=2000, n_tokens=16, n_features=4, rank=3,
     for attention, rung, betas in [("linear", 3, [None]), ("softmax", 4, logit_scales)]:
         for beta in betas:
             X, Y, params = make_attention_task(attention, **sizes, logit_scale=beta or 1.0,
-                                               random_state=rng, return_params=True)
+                                               mask=mask, random_state=rng,
+                                               return_params=True)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RankEstimationWarning)
                 native = IntrinsicRankEstimator("attention", attention=attention,
-                                                value="identity").fit(X, Y)
+                                                value="identity", mask=mask).fit(X, Y)
             row(rung, beta, X, Y, params, IntrinsicRankEstimator("static").fit(X, Y).rank_,
                 native.rank_)
-    return LadderResult(rows, **sizes, tau=tau, solved_tolerance=solved_tolerance)
+    return LadderResult(rows, **sizes, tau=tau, solved_tolerance=solved_tolerance,
+                        mask=mask if mask is None or isinstance(mask, str) else "array")

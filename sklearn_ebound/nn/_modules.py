@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .._attention_operators import check_attention_mask
 from .._deprecation import renamed_keyword
 
 __all__ = ["LowRankAttention", "StaticTokenMixer"]
@@ -85,6 +86,11 @@ class LowRankAttention(nn.Module):
       computed by :func:`torch.nn.functional.scaled_dot_product_attention` with queries
       ``X W_Q``, keys ``X W_K`` and ``scale = beta / sqrt(d)``.
 
+    With a ``mask`` query ``i`` attends only to its allowed keys ``K_i``: linear attention
+    averages over them (``1 / |K_i|`` in place of ``1 / n``), the softmax is taken over them;
+    the conventions of :func:`~sklearn_ebound.datasets.make_attention_task` and
+    :class:`~sklearn_ebound.IntrinsicRankEstimator`.
+
     Parameters
     ----------
     n_features : int
@@ -102,6 +108,10 @@ class LowRankAttention(nn.Module):
         ``beta``, the inverse temperature of softmax attention.
     init_scale : float, default=1e-2
         Standard deviation of the entries of ``W_Q`` and ``W_K`` at initialisation.
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        Which keys each query attends to: all, ``j <= i`` (``"causal"``), or the 1 entries of
+        its row of a 0/1 array (every row must allow a key; sequences must then have
+        ``n_tokens`` tokens).
     kind : {"softmax", "linear"}, default=None
         Deprecated spelling of ``attention``, kept for one release: when given, it replaces
         ``attention``, with a ``FutureWarning``.
@@ -132,6 +142,7 @@ class LowRankAttention(nn.Module):
         n_targets=None,
         logit_scale=1.0,
         init_scale=1e-2,
+        mask=None,
         *,
         kind=None,
     ):
@@ -142,6 +153,12 @@ class LowRankAttention(nn.Module):
             raise ValueError(
                 f"`attention` must be 'softmax' or 'linear'. Got {attention!r} instead."
             )
+        self.causal = isinstance(mask, str) and check_attention_mask(mask, 1) is not None
+        if mask is not None and not self.causal:
+            self.register_buffer("mask", torch.as_tensor(
+                check_attention_mask(mask, np.shape(mask)[0] if np.ndim(mask) else 0)))
+        else:
+            self.mask = None
         rank = n_features if rank is None else rank
         if n_targets is None:
             fixed = value is not None and not isinstance(value, str)
@@ -156,13 +173,28 @@ class LowRankAttention(nn.Module):
         """The query-key kernel ``W = W_Q W_K^T``, a ``d x d`` tensor of rank ``<= k``."""
         return self.W_Q @ self.W_K.T
 
+    def allowed_keys(self, n_tokens):
+        """Boolean ``(n, n)`` tensor of the keys each query may attend to, or ``None``."""
+        if self.causal:
+            return torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
+        if self.mask is not None and self.mask.shape[0] != n_tokens:
+            raise ValueError(f"The attention mask is {tuple(self.mask.shape)} but the sequences "
+                             f"have {n_tokens} tokens.")
+        return self.mask
+
     def forward(self, X):
         Q, K, values = X @ self.W_Q, X @ self.W_K, self.value_map(X)
+        allowed = self.allowed_keys(X.shape[-2])
+        if allowed is not None:
+            allowed = allowed.to(X.device)
         if self.attention == "linear":
-            # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
-            return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
+            if allowed is None:
+                # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
+                return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
+            weights = allowed / allowed.sum(dim=-1, keepdim=True)  # 1 / |K_i| on allowed keys
+            return ((Q @ K.transpose(-2, -1)) * weights.to(Q.dtype)) @ values
         scale = self.logit_scale / math.sqrt(self.n_features)
-        return F.scaled_dot_product_attention(Q, K, values, scale=scale)
+        return F.scaled_dot_product_attention(Q, K, values, attn_mask=allowed, scale=scale)
 
 
 class StaticTokenMixer(nn.Module):

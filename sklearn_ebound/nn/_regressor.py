@@ -20,6 +20,7 @@ from skorch.utils import is_dataset
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
 from torch.utils.data import Dataset as TorchDataset
 
+from .._attention_operators import check_attention_mask
 from .._spectrum import energy_rank
 from .._validation import check_sequences
 from ..exceptions import TrainingDivergedError
@@ -94,6 +95,10 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         implicit bias of gradient descent towards low rank.
     logit_scale : float, default=1.0
         ``beta``, the inverse temperature of the softmax variants.
+    mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
+        The attention mask of ``attention="softmax"`` or ``"linear"``: every query attends to
+        every key, to the keys ``j <= i`` (``"causal"``), or to the 1 entries of its row of a
+        0/1 array; see :class:`LowRankAttention`.
     optimizer : torch optimizer class, default=torch.optim.Adam
         Its own parameters go through ``optimizer__<name>``.
     lr : float, default=0.02
@@ -199,6 +204,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         "value": [StrOptions({"learned", "identity"}, deprecated={"learned"}), None, "array-like"],
         "init_scale": [Interval(Real, 0, None, closed="neither")],
         "logit_scale": [Interval(Real, 0, None, closed="left")],
+        "mask": [None, StrOptions({"causal"}), "array-like"],
         "random_state": ["random_state"],
     }
 
@@ -210,6 +216,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         value=None,
         init_scale=1e-2,
         logit_scale=1.0,
+        mask=None,
         optimizer=torch.optim.Adam,
         lr=0.02,
         max_epochs=200,
@@ -239,6 +246,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         self.value = value
         self.init_scale = init_scale
         self.logit_scale = logit_scale
+        self.mask = mask
         self.random_state = random_state
 
     @property
@@ -341,7 +349,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
                           attention=attention)
         else:
             module_cls = LowRankAttention
-            kwargs.update(n_features=self.n_features_in_, attention=self.attention)
+            kwargs.update(n_features=self.n_features_in_, attention=self.attention,
+                          mask=self.mask)
         # `module__<name>` parameters override the ones above.
         kwargs.update(self.get_params_for("module"))
         self.module_ = module_cls(**kwargs)
@@ -480,6 +489,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             width, width_name = n_tokens, "n_tokens"
         else:
             width, width_name = n_features, "n_features"
+        if self.mask is not None:
+            if self.attention in _STATIC:
+                raise ValueError(f"`mask` applies to attention='softmax' or 'linear'. Got "
+                                 f"attention={self.attention!r}.")
+            check_attention_mask(self.mask, n_tokens)
         if self.rank is not None and self.rank > width:
             raise ValueError(
                 f"`rank` upper bound is {width} ({width_name}). Got {self.rank} instead. "

@@ -1,0 +1,193 @@
+"""Masked and padded attention, the matrix-free solver, the softmax fit and lazy partial_fit."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.utils.validation import check_is_fitted
+
+from sklearn_ebound import IntrinsicRankEstimator
+from sklearn_ebound._attention_operators import KernelMoments
+from sklearn_ebound.datasets import make_attention_task
+from sklearn_ebound.exceptions import RankEstimationWarning
+from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor
+
+
+def _lengths(n_samples, n_tokens, seed):
+    return np.random.RandomState(seed).randint(n_tokens // 2, n_tokens + 1, size=n_samples)
+
+
+@pytest.mark.parametrize("mask", ["sideways", np.ones((3, 4)), np.full((8, 8), 2),
+                                  np.triu(np.ones((8, 8)))[::-1] * 0])
+def test_bad_masks_are_refused_with_the_expected_form(mask):
+    X, Y = make_attention_task("linear", 20, 8, 4, rank=1, random_state=0)
+    with pytest.raises(ValueError, match="mask"):
+        make_attention_task("linear", 20, 8, 4, rank=1, mask=mask)
+    with pytest.raises(ValueError, match="mask"):
+        IntrinsicRankEstimator("attention", value="identity", mask=mask).fit(X, Y)
+    with pytest.raises(ValueError, match="mask"):
+        LowRankAttentionRegressor(attention="linear", mask=mask, max_epochs=1).fit(X, Y)
+
+
+def test_bad_lengths_and_masks_on_static_data_are_refused():
+    X, Y = make_attention_task("linear", 20, 8, 4, rank=1, random_state=0)
+    est = IntrinsicRankEstimator("attention", value="identity")
+    with pytest.raises(ValueError, match="lengths"):
+        est.fit(X, Y, lengths=np.full(19, 4))
+    with pytest.raises(ValueError, match=r"lengths.*\[1, n_tokens=8\]"):
+        est.fit(X, Y, lengths=np.full(20, 9))
+    with pytest.raises(ValueError, match="apply only to operator='attention'"):
+        IntrinsicRankEstimator(mask="causal").fit(X[:, 0], Y[:, 0])
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_module_applies_the_mask_of_the_generator(attention):
+    mask = np.tril(np.ones((8, 8)), 1)  # each token also sees the next one
+    for given in ["causal", mask]:
+        X, Y, params = make_attention_task(attention, 10, 8, 5, rank=2, mask=given, noise=0.0,
+                                           logit_scale=2.0, random_state=0, return_params=True)
+        module = LowRankAttention(5, rank=2, attention=attention, value="identity",
+                                  logit_scale=2.0, mask=given)
+        with torch.no_grad():
+            module.W_Q.copy_(torch.as_tensor(params.W_Q))
+            module.W_K.copy_(torch.as_tensor(params.W_K))
+            out = module(torch.as_tensor(X, dtype=torch.float32)).numpy()
+        np.testing.assert_allclose(out, Y, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+@pytest.mark.parametrize("masking", ["causal", "padded", "both"])
+def test_matrix_free_solve_equals_the_dense_solve(attention, masking):
+    n, d = 10, 7
+    lengths = _lengths(60, n, 0) if masking != "causal" else None
+    mask = None if masking == "padded" else "causal"
+    X, Y, params = make_attention_task(attention, 60, n, d, rank=2, mask=mask, lengths=lengths,
+                                       value="random", random_state=1, return_params=True)
+    solved = [KernelMoments(params.V, attention, mask=mask, solver=solver, refine=False)
+              .update(X, Y, lengths).solve(tol=1e-13) for solver in ("dense", "cg")]
+    dense, free = solved
+    assert (dense.solver, free.solver) == ("dense", "cg")
+    np.testing.assert_allclose(free.kernel, dense.kernel,
+                               atol=1e-8 * np.abs(dense.kernel).max())
+    np.testing.assert_allclose(free.singular_values, dense.singular_values, rtol=1e-8)
+
+
+def test_the_solver_is_chosen_by_size():
+    X, Y = make_attention_task("linear", 30, 8, 50, rank=2, random_state=0)
+    big = KernelMoments(np.eye(50), "linear").update(X, Y)
+    assert big.C is None and big.solve().solver == "cg"  # no d^4 / 4 statistic at d > 48
+    small = KernelMoments(np.eye(8), "linear").update(*make_attention_task(
+        "linear", 30, 8, 8, rank=2, random_state=0))
+    assert small.C is not None and not small.blocks
+
+
+CELLS = [("linear", "causal", 8, 3, 16, True), ("softmax", "causal", 8, 3, 16, True),
+         ("linear", "padded", 8, 1, 16, True), ("softmax", "padded", 16, 3, 16, True),
+         ("linear", "causal", 8, 3, 64, False), ("softmax", "causal", 8, 1, 64, False),
+         ("softmax", "padded", 8, 3, 64, False)]
+
+
+@pytest.mark.parametrize("attention, masking, d, rank, n, known", CELLS)
+def test_causal_and_padded_data_read_the_planted_rank(attention, masking, d, rank, n, known):
+    # A fast corner of benchmarks/bench_attention_masks.py's grid.
+    lengths = _lengths(400, n, rank) if masking == "padded" else None
+    mask = "causal" if masking == "causal" else None
+    X, Y, params = make_attention_task(attention, 400, n, d, rank=rank, mask=mask,
+                                       lengths=lengths, value="random", noise=0.1,
+                                       random_state=rank + d, return_params=True)
+    est = IntrinsicRankEstimator("attention", attention=attention, mask=mask,
+                                 value=params.V if known else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RankEstimationWarning)  # the short-sequence caveat
+        assert est.fit(X, Y, lengths=lengths).rank_ == rank
+
+
+def test_padding_values_are_ignored():
+    lengths = _lengths(200, 12, 0)
+    X, Y, params = make_attention_task("softmax", 200, 12, 6, rank=2, lengths=lengths,
+                                       random_state=0, return_params=True)
+    est = IntrinsicRankEstimator("attention", value="identity").fit(X, Y, lengths=lengths)
+    padding = np.arange(12)[None, :] >= lengths[:, None]
+    X2, Y2 = X.copy(), Y.copy()
+    X2[padding], Y2[padding] = 5.0, -3.0
+    other = IntrinsicRankEstimator("attention", value="identity").fit(X2, Y2, lengths=lengths)
+    np.testing.assert_allclose(other.qk_kernel_, est.qk_kernel_, rtol=1e-8, atol=1e-12)
+    assert est.rank_ == 2
+
+
+def test_causal_regressor_recovers_the_rank_from_a_small_initialisation():
+    torch.set_num_threads(1)
+    X, Y = make_attention_task("softmax", 256, 8, 6, rank=2, mask="causal", noise=0.05,
+                               logit_scale=2.0, random_state=0)
+    net = LowRankAttentionRegressor(attention="softmax", value="identity", mask="causal",
+                                    logit_scale=2.0, init_scale=1e-2, random_state=0, lr=0.05,
+                                    max_epochs=150, batch_size=-1).fit(X, Y)
+    assert net.effective_rank_ == 2 and net.score(X, Y) > 0.9
+
+
+@pytest.mark.parametrize("law, size, scale", [("gaussian", 16, 0.3), ("gaussian", 256, 0.5),
+                                              ("symmetric", 16, 0.5), ("skewed", 32, 0.5)])
+def test_vocabulary_tokens_under_softmax_read_the_planted_rank(law, size, scale):
+    # The linearisation around uniform weights leaked into spurious directions for tokens
+    # of a vocabulary (4-6 for a planted 3); the softmax fit has no Gaussian identity to fail.
+    X, Y = make_attention_task("softmax", 400, 32, 12, rank=3, logit_scale=scale, noise=0.1,
+                               vocabulary_size=size, vocabulary_law=law, random_state=size)
+    assert IntrinsicRankEstimator("attention", value="identity").fit(X, Y).rank_ == 3
+
+
+@pytest.mark.parametrize("scale", [3.0, 6.0])
+def test_logit_rms_tracks_the_planted_logit_scale(scale):
+    X, Y, params = make_attention_task("softmax", 300, 24, 12, rank=3, logit_scale=scale,
+                                       noise=0.1, random_state=0, return_params=True)
+    planted = scale * np.linalg.norm(params.singular_values) / np.sqrt(12)
+    est = IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
+    assert abs(est.logit_rms_ - planted) < 0.2 * planted and est.rank_ == 3
+
+
+def test_partial_fit_solves_only_when_a_fitted_attribute_is_read(monkeypatch):
+    X, Y = make_attention_task("linear", 300, 16, 6, rank=2, mask="causal", random_state=0)
+    solves = []
+    original = KernelMoments.solve
+    monkeypatch.setattr(KernelMoments, "solve",
+                        lambda self, *a, **k: solves.append(1) or original(self, *a, **k))
+    est = IntrinsicRankEstimator("attention", attention="linear", value="identity",
+                                 mask="causal")
+    for start in range(0, 300, 10):
+        est.partial_fit(X[start:start + 10], Y[start:start + 10])
+    assert solves == []
+    check_is_fitted(est)
+    copy = pickle.loads(pickle.dumps(est))
+    assert clone(est).get_params() == est.get_params()
+    assert est.rank_ == 2 and len(solves) == 1
+    assert est.singular_values_.size and est.components_.shape == (2, 6)  # no new solve
+    assert len(solves) == 1
+    full = IntrinsicRankEstimator("attention", attention="linear", value="identity",
+                                  mask="causal").fit(X, Y)
+    np.testing.assert_allclose(est.qk_kernel_, full.qk_kernel_, rtol=1e-8, atol=1e-12)
+    assert copy.rank_ == 2  # the pickled estimator solves when read, too
+    est.partial_fit(X[:10], Y[:10])
+    assert len(solves) == 3 and "rank_" not in vars(est)
+
+
+def test_partial_fit_without_enough_data_has_no_rank_yet():
+    X, Y = make_attention_task("linear", 5, 8, 3, rank=1, random_state=0)
+    est = IntrinsicRankEstimator().partial_fit(X[:, 0], Y[:, 0])
+    est.partial_fit(X[:1, 0], Y[:1, 0])
+    assert hasattr(est, "n_samples_seen_")
+    assert not hasattr(IntrinsicRankEstimator().partial_fit(X[:1, 0], Y[:1, 0]), "rank_")
+
+
+def test_kernel_outside_the_tokens_span_is_not_fitted():
+    # 8 embeddings and their negatives span 8 of 12 directions: only the kernel on that span
+    # acts on the data, and the fit leaves the rest at zero.
+    X, Y, params = make_attention_task("linear", 300, 16, 12, rank=2, vocabulary_size=16,
+                                       vocabulary_law="symmetric", random_state=0,
+                                       return_params=True)
+    est = IntrinsicRankEstimator("attention", attention="linear", value="identity").fit(X, Y)
+    basis = np.linalg.svd(params.vocabulary, full_matrices=True)[2]
+    outside = basis[8:]
+    assert np.abs(outside @ est.qk_kernel_).max() < 1e-8 * np.abs(est.qk_kernel_).max()
+    assert np.abs(est.qk_kernel_ @ outside.T).max() < 1e-8 * np.abs(est.qk_kernel_).max()
