@@ -241,6 +241,16 @@ def power_row(cell, readings, significance, reps):
     return row
 
 
+def _commit():
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=RESULTS.parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=400, help="draws per null cell")
@@ -253,6 +263,8 @@ def main(argv=None):
                         help="levels of the test (each run on the same draws)")
     parser.add_argument("--cells", nargs="+", default=None, help="run only these cells (names)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured (default: git rev-parse HEAD of the checkout)")
     args = parser.parse_args(argv)
     levels = args.significance
     grid, power_grid = cells(), power_cells()
@@ -265,7 +277,8 @@ def main(argv=None):
         grid = [c for c in grid if c["name"] in args.cells]
         power_grid = [c for c in power_grid if c["name"] in args.cells]
     start = time.perf_counter()
-    report = {"quick": args.quick, "complete": False, "cells": [], "power": []}
+    report = {"commit": args.commit or _commit(), "quick": args.quick, "complete": False,
+              "significance": levels, "cells": [], "power": []}
     save = not args.quick or args.output != RESULTS
 
     def checkpoint():

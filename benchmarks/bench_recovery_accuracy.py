@@ -564,6 +564,8 @@ def main(argv=None):
                         help="take the peers' and references' rates from this earlier run")
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured (default: git rev-parse HEAD of the checkout)")
     parser.add_argument("--from-json", action="store_true",
                         help="redo the table and the docs from the last saved run")
     args = parser.parse_args(argv)
@@ -585,7 +587,7 @@ def main(argv=None):
     previous = json.loads(args.reuse_peers.read_text()) if args.reuse_peers else {}
     start = time.perf_counter()
     results, reused = [], []
-    report = {"commit": _commit(), "quick": args.quick, "complete": False}
+    report = {"commit": args.commit or _commit(), "quick": args.quick, "complete": False}
     save = not args.quick or args.output != RESULTS
     for cell in cells:
         t0 = time.perf_counter()
