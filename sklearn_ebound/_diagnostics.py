@@ -1,0 +1,346 @@
+"""Residual diagnostics: do the least-squares residuals meet what the Tracy–Widom edges assume?
+
+The edges of :mod:`._null_edges` are exact for Gaussian noise that is independent from row to
+row and of one covariance for every row. Conditionally on the inputs, the noise part of the
+fitted values is then a Gaussian matrix whatever the inputs are, so only the noise matters:
+
+* **input-dependent variance** (heteroscedasticity): Koenker's studentised Breusch–Pagan
+  test, the squared residual norms regressed on the leading whitened inputs and their
+  squares (``n R^2``, chi-square);
+* **dependence along the row order**: the Ljung–Box test of the residuals' leading principal
+  projections (time series, tokens of a sequence);
+* **dependence within groups**: the one-way analysis of variance of the same projections
+  across the groups (an intra-class correlation makes the group means vary too much);
+* **heavy tails**: D'Agostino's test of the projections' excess kurtosis.
+
+Every family is tested at ``DIAGNOSTIC_LEVEL / 4`` (Bonferroni over its projections), so clean
+Gaussian data switch away from the Tracy–Widom calibration with probability at most
+``DIAGNOSTIC_LEVEL`` (1e-4). Pure functions of the residual rows: nothing here sets state.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+__all__ = [
+    "DIAGNOSTIC_LEVEL",
+    "ASSUMPTIONS",
+    "RowSample",
+    "RowKeeper",
+    "MAX_KEPT_ROWS",
+    "ResidualRows",
+    "residual_rows",
+    "diagnose_residuals",
+    "failed_assumptions",
+]
+
+# Rows that partial_fit and dask keep for the diagnostics and the resampling.
+MAX_KEPT_ROWS = 20_000
+# Chance that clean Gaussian data fail any of the four families.
+DIAGNOSTIC_LEVEL = 1e-4
+# The assumptions, in the order they are reported, and their description in a warning.
+ASSUMPTIONS = {
+    "heteroscedasticity": "the noise variance depends on the inputs",
+    "serial_dependence": "the rows are dependent along their order",
+    "group_dependence": "the rows of a group are dependent",
+    "heavy_tails": "the noise has heavy tails",
+}
+# Residual projections tested, the most lags, and the inputs of the variance test (all up to
+# twice this many, else this many principal components).
+_N_PROJECTIONS = 3
+_MAX_LAGS = 10
+_MAX_INPUTS = 10
+# Fewer rows than this leave the asymptotic laws of the tests unreliable: they are skipped.
+_MIN_ROWS = 20
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """Rows of the 2-D statistics kept for the diagnostics, in the units of the data.
+
+    Attributes
+    ----------
+    X, Y : ndarray of shape (n_rows, n_inputs) and (n_rows, n_targets)
+    groups : ndarray of shape (n_rows,) or None
+        Group labels per row (any labels ``np.unique`` sorts), where known.
+    complete : bool
+        Whether these are all the rows the moments saw (``fit``), or the first of them
+        (``partial_fit`` and dask keep a bounded number).
+    """
+
+    X: np.ndarray
+    Y: np.ndarray
+    groups: np.ndarray | None = None
+    complete: bool = True
+
+    @property
+    def n_rows(self):
+        return self.X.shape[0]
+
+    def group_codes(self):
+        """The groups as codes ``0 .. n_groups - 1`` (``None`` without groups)."""
+        if self.groups is None:
+            return None
+        return np.unique(self.groups, return_inverse=True)[1].ravel()
+
+
+class RowKeeper:
+    """Keeps the first ``max_rows`` rows of the chunks it is given, with their groups."""
+
+    def __init__(self, max_rows=MAX_KEPT_ROWS):
+        self.max_rows = max_rows
+        self.parts = []
+        self.n_kept = 0
+
+    def add(self, X, Y, groups=None):
+        room = self.max_rows - self.n_kept
+        if room <= 0:
+            return
+        X, Y = X[:room], Y[:room]
+        self.parts.append((X, Y, None if groups is None else np.asarray(groups)[:room]))
+        self.n_kept += X.shape[0]
+
+    def sample(self, n_total):
+        """The :class:`RowSample` kept, of ``n_total`` rows seen; ``None`` before any row."""
+        if not self.parts:
+            return None
+        if len(self.parts) > 1:  # consolidate once, so the next read does not concatenate
+            Xs, Ys, gs = zip(*self.parts, strict=True)
+            groups = None if any(g is None for g in gs) else np.concatenate(gs)
+            self.parts = [(np.concatenate(Xs), np.concatenate(Ys), groups)]
+        X, Y, groups = self.parts[0]
+        return RowSample(X, Y, groups, complete=self.n_kept == n_total)
+
+
+@dataclass(frozen=True)
+class ResidualRows:
+    """Per-row quantities of a least-squares fit, for diagnostics and resampling.
+
+    Attributes
+    ----------
+    basis : ndarray of shape (n_rows, rank_x)
+        Orthonormal columns spanning the centred inputs: ``Q`` with fitted values ``Q Qᵀ Y``.
+    leverage : ndarray of shape (n_rows,)
+        Diagonal of the hat matrix, ``||Q_i||^2``.
+    projections : ndarray of shape (n_rows, n_projections)
+        The residuals' projections on the leading eigenvectors of their cross-products.
+    inputs : ndarray of shape (n_rows, n_inputs)
+        The centred inputs, standardised (their leading principal components where they are
+        too many for the rows).
+    groups : ndarray of shape (n_rows,) of int, or None
+        Group codes ``0 .. n_groups - 1``, where groups are known.
+    residual : ndarray of shape (n_rows, n_targets) or None
+        The residual rows themselves (``with_residual=True``).
+    """
+
+    projections: np.ndarray
+    inputs: np.ndarray
+    groups: np.ndarray | None = None
+    basis: np.ndarray | None = None
+    leverage: np.ndarray | None = None
+    residual: np.ndarray | None = None
+
+    @property
+    def n_rows(self):
+        return self.projections.shape[0]
+
+
+def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
+    """The :class:`ResidualRows` of the rows ``(X, Y)`` whose ``moments`` ``operator`` solves.
+
+    ``X`` and ``Y`` are in the units of the data; ``moments`` divided them by its scales.
+    ``groups`` are codes per row or ``None``. For the diagnostics only the residuals' leading
+    projections are computed (``n (p + q) k`` operations for ``k`` projections); the basis,
+    the leverages and the residuals themselves (for resampling) with ``with_residual``.
+    """
+    Xc = X / moments.scale_x - moments.mean_x
+    q = moments.xy.shape[1]
+    directions = _leading_directions(operator.residual)
+    # Yc V - Xc B V without a centred copy of Y: Y V / s_y - mean_y V - Xc (B V).
+    projections = ((Y @ directions) / moments.scale_y - moments.mean_y @ directions
+                   - Xc @ (operator.coef @ directions))
+    basis = leverage = residual = None
+    if with_residual:
+        basis = Xc @ operator.input_basis
+        leverage = np.einsum("ij,ij->i", basis, basis)
+        residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
+            operator.input_basis.T @ moments.xy)
+    return ResidualRows(projections, _test_inputs(Xc, moments), groups, basis, leverage,
+                        residual)
+
+
+def _leading_directions(residual, n_steps=4):
+    """Orthonormal directions near the leading eigenvectors of the residual cross-products:
+    a few steps of subspace iteration from the targets of largest residual variance (a full
+    eigendecomposition would cost more than the diagnostics themselves)."""
+    q = residual.shape[0]
+    if q <= _N_PROJECTIONS:
+        return np.eye(q)
+    start = np.argsort(np.diag(residual))[-_N_PROJECTIONS:][::-1]
+    directions = residual[:, start]
+    for _ in range(n_steps):
+        directions = np.linalg.qr(residual @ directions)[0]
+    return directions
+
+
+def _test_inputs(Xc, moments):
+    """Standardised inputs for the variance test: all of them where the rows allow 40 per
+    input (a linear and a square term each), else the leading principal components of their
+    correlations."""
+    n = Xc.shape[0]
+    sd = np.sqrt(np.clip(np.diag(moments.xx), 0, None) / max(moments.dof, 1))
+    keep = sd > 0
+    z = Xc[:, keep] / sd[keep]
+    room = max(1, (n - 2) // 40)
+    if z.shape[1] > min(room, 2 * _MAX_INPUTS):
+        k = min(room, _MAX_INPUTS)
+        corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
+        values, vectors = np.linalg.eigh(corr)
+        top = vectors[:, ::-1][:, :k]
+        z = (z @ top) / np.sqrt(np.clip(values[::-1][:k], 1e-300, None))
+    return z
+
+
+def _min_p(p_values, n_tests=None):
+    """Bonferroni combination of ``p_values``."""
+    p_values = np.asarray(p_values, dtype=np.float64)
+    return float(min(1.0, p_values.min() * (n_tests or p_values.size)))
+
+
+def _lm_test(design, target, total):
+    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on the centred ``design``,
+    its degrees of freedom and chi-square p-value."""
+    design = design - design.mean(axis=0)
+    cross = design.T @ target
+    # R^2 = cᵀ G⁺ c / total with G the design's Gram, over its numerically non-null part.
+    values, vectors = np.linalg.eigh(design.T @ design)
+    keep = values > 1e-10 * max(values[-1], 0) if values.size and values[-1] > 0 else values > 1
+    projected = vectors[:, keep].T @ cross
+    r_squared = min(1.0, max(0.0, float(projected @ (projected / values[keep])) / total))
+    statistic = design.shape[0] * r_squared
+    df = int(np.count_nonzero(keep))
+    return statistic, df, float(special.chdtrc(df, statistic)) if df else 1.0
+
+
+def _heteroscedasticity(rows):
+    """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
+    standardised inputs and, separately, on their squares (Bonferroni over the two)."""
+    z = rows.inputs
+    target = np.einsum("ij,ij->i", rows.projections, rows.projections)
+    target = target - target.mean()
+    total = float(target @ target)
+    if total <= 0 or z.shape[1] == 0:
+        return {"statistic": 0.0, "df": 0, "p_value": 1.0}
+    linear = _lm_test(z, target, total)
+    square = _lm_test(z * z, target, total)
+    return {"statistic": max(linear[0], square[0]), "df": linear[1] + square[1],
+            "p_value": _min_p([linear[2], square[2]])}
+
+
+def _serial_dependence(projections):
+    """Ljung–Box test of each projection over ``h`` lags, Bonferroni over projections."""
+    n = projections.shape[0]
+    lags = min(_MAX_LAGS, max(1, n // 10))
+    centred = projections - projections.mean(axis=0)
+    denominator = np.einsum("ij,ij->j", centred, centred)
+    denominator = np.where(denominator > 0, denominator, 1.0)
+    # Autocovariances at lags 1..h of every column at once, through the FFT (zero-padded).
+    size = 1 << int(np.ceil(np.log2(2 * n)))
+    spectrum = np.fft.rfft(centred, n=size, axis=0)
+    covariances = np.fft.irfft(spectrum.real**2 + spectrum.imag**2, n=size, axis=0)
+    rho = covariances[1:lags + 1] / denominator
+    statistic = n * (n + 2) * np.sum(rho**2 / (n - np.arange(1, lags + 1))[:, None], axis=0)
+    p_values = special.chdtrc(lags, statistic)
+    return {"statistic": float(statistic.max()), "lags": lags,
+            "lag1_autocorrelation": float(rho[0][np.argmax(np.abs(rho[0]))]),
+            "p_value": _min_p(p_values)}
+
+
+def _group_dependence(projections, groups):
+    """One-way analysis of variance of each projection across the groups (upper tail)."""
+    n = projections.shape[0]
+    counts = np.bincount(groups)
+    n_groups = int(np.count_nonzero(counts))
+    if n_groups < 2 or n_groups >= n:
+        return None
+    centred = projections - projections.mean(axis=0)
+    sums = np.stack([np.bincount(groups, weights=c, minlength=counts.size) for c in centred.T],
+                    axis=1)
+    present = counts > 0
+    between = np.sum(sums[present] ** 2 / counts[present, None], axis=0)
+    within = np.einsum("ij,ij->j", centred, centred) - between
+    df_between, df_within = n_groups - 1, n - n_groups
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(within > 0, (between / df_between) / (within / df_within), 0.0)
+    p_values = special.fdtrc(df_between, df_within, f)
+    return {"statistic": float(f.max()), "n_groups": n_groups, "p_value": _min_p(p_values)}
+
+
+def _kurtosis_z(b2, n):
+    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` of ``n``
+    normal values (the transform of scipy's ``kurtosistest``, whose call costs a fifth of a
+    fit here)."""
+    mean = 3.0 * (n - 1) / (n + 1)
+    variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
+    x = (b2 - mean) / np.sqrt(variance)
+    root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
+                 * np.sqrt(6.0 * (n + 3) * (n + 5) / (n * (n - 2) * (n - 3))))
+    a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + np.sqrt(1 + 4.0 / root_beta**2))
+    denominator = 1 + x * np.sqrt(2 / (a - 4.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        term = np.sign(denominator) * np.cbrt((1 - 2.0 / a) / np.abs(denominator))
+    return np.where(denominator == 0, -np.inf, (1 - 2 / (9.0 * a) - term) / np.sqrt(2 / (9.0 * a)))
+
+
+def _heavy_tails(projections):
+    """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections."""
+    n = projections.shape[0]
+    centred = projections - projections.mean(axis=0)
+    square = centred * centred
+    second = square.mean(axis=0)
+    b2 = np.mean(square * square, axis=0) / np.where(second > 0, second, 1.0) ** 2
+    p_values = special.ndtr(-_kurtosis_z(b2, n))
+    return {"statistic": float(np.max(b2) - 3), "p_value": _min_p(p_values)}
+
+
+def diagnose_residuals(rows, serial=True):
+    """Test the residual rows for what the Tracy–Widom edges assume.
+
+    Parameters
+    ----------
+    rows : ResidualRows
+    serial : bool, default=True
+        Whether the row order means something (not for rows of several chunks whose order
+        was lost); without it the serial test is skipped.
+
+    Returns
+    -------
+    diagnostics : dict
+        ``{assumption: {"statistic": ..., "p_value": ..., ...}}`` for each family tested (of
+        :data:`ASSUMPTIONS`), with ``"n_rows"`` and ``"level"``; empty families are absent
+        (no groups, or too few rows).
+    """
+    diagnostics = {"n_rows": rows.n_rows, "level": DIAGNOSTIC_LEVEL}
+    projections = rows.projections
+    if rows.n_rows < _MIN_ROWS or projections.shape[1] == 0:
+        return diagnostics
+    if not np.any(projections):
+        return diagnostics
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(rows)
+    if serial:
+        diagnostics["serial_dependence"] = _serial_dependence(projections)
+    if rows.groups is not None:
+        groups = _group_dependence(projections, rows.groups)
+        if groups is not None:
+            diagnostics["group_dependence"] = groups
+    diagnostics["heavy_tails"] = _heavy_tails(projections)
+    return diagnostics
+
+
+def failed_assumptions(diagnostics):
+    """The assumptions (keys of :data:`ASSUMPTIONS`) the ``diagnostics`` reject, each family
+    at ``DIAGNOSTIC_LEVEL / 4``."""
+    level = diagnostics.get("level", DIAGNOSTIC_LEVEL) / len(ASSUMPTIONS)
+    return tuple(name for name in ASSUMPTIONS
+                 if name in diagnostics and diagnostics[name]["p_value"] <= level)
