@@ -7,8 +7,9 @@ fitted values is then a Gaussian matrix whatever the inputs are, so only the noi
 * **input-dependent variance** (heteroscedasticity): Koenker's studentised Breusch–Pagan
   test, the squared residual norms regressed on the leading whitened inputs and their
   squares (``n R^2``, chi-square);
-* **dependence along the row order**: the Ljung–Box test of the residuals' leading principal
-  projections (time series, tokens of a sequence);
+* **dependence along the row order**: a portmanteau test of the residuals' leading principal
+  projections over ten lags, self-normalised so that heteroscedastic or heavy-tailed but
+  independent rows do not fail it (time series, tokens of a sequence);
 * **dependence within groups**: the one-way analysis of variance of the same projections
   across the groups (an intra-class correlation makes the group means vary too much);
 * **heavy tails**: D'Agostino's test of the projections' excess kurtosis.
@@ -238,22 +239,33 @@ def _heteroscedasticity(rows):
             "p_value": _min_p([linear[2], square[2]])}
 
 
+def _lagged_sums(columns, lags):
+    """``sum_t c_t c_{t-l}`` for ``l = 1..lags`` of every column, through the FFT."""
+    size = 1 << int(np.ceil(np.log2(2 * columns.shape[0])))
+    spectrum = np.fft.rfft(columns, n=size, axis=0)
+    return np.fft.irfft(spectrum.real**2 + spectrum.imag**2, n=size, axis=0)[1:lags + 1]
+
+
 def _serial_dependence(projections):
-    """Ljung–Box test of each projection over ``h`` lags, Bonferroni over projections."""
+    """Portmanteau test of each projection over ``h`` lags, Bonferroni over projections.
+
+    The lag-``l`` statistic is self-normalised, ``sum_t u_t u_{t-l} / sqrt(sum_t u_t^2
+    u_{t-l}^2)``, standard normal for independent rows whatever their variances and tails
+    (the Ljung–Box form assumes both away, and rejects for heteroscedastic noise alone).
+    """
     n = projections.shape[0]
     lags = min(_MAX_LAGS, max(1, n // 10))
     centred = projections - projections.mean(axis=0)
-    denominator = np.einsum("ij,ij->j", centred, centred)
-    denominator = np.where(denominator > 0, denominator, 1.0)
-    # Autocovariances at lags 1..h of every column at once, through the FFT (zero-padded).
-    size = 1 << int(np.ceil(np.log2(2 * n)))
-    spectrum = np.fft.rfft(centred, n=size, axis=0)
-    covariances = np.fft.irfft(spectrum.real**2 + spectrum.imag**2, n=size, axis=0)
-    rho = covariances[1:lags + 1] / denominator
-    statistic = n * (n + 2) * np.sum(rho**2 / (n - np.arange(1, lags + 1))[:, None], axis=0)
+    products = _lagged_sums(centred, lags)
+    scales = _lagged_sums(centred * centred, lags)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(scales > 0, products / np.sqrt(np.clip(scales, 0, None)), 0.0)
+    statistic = np.sum(z**2, axis=0)
     p_values = special.chdtrc(lags, statistic)
+    denominator = np.einsum("ij,ij->j", centred, centred)
+    lag_one = products[0] / np.where(denominator > 0, denominator, 1.0)
     return {"statistic": float(statistic.max()), "lags": lags,
-            "lag1_autocorrelation": float(rho[0][np.argmax(np.abs(rho[0]))]),
+            "lag1_autocorrelation": float(lag_one[np.argmax(np.abs(lag_one))]),
             "p_value": _min_p(p_values)}
 
 
