@@ -500,7 +500,17 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
         threshold=float(np.sqrt(cut / moments.n)) if cut is not None else 0.0,
         noise_variance=operator.noise_variance(), noise_model=noise_model,
         p_values=p_values, rank_interval=interval, caveats=caveats,
-        detection_limit=detection_limit(null.noise_variance, k_x, n_targets, moments.n))
+        detection_limit=detection_limit(_edge_noise_variance(law(0), k_x, n_targets), k_x,
+                                        n_targets, moments.n))
+
+
+def _edge_noise_variance(law, n_inputs, n_targets):
+    """The white noise variance whose edge ``sigma^2 (sqrt(rank X) + sqrt(q))^2`` is the mean
+    of the resampled largest eigenvalue: noise that depends on the inputs puts its edge
+    higher than white noise of the same average variance, and the edge decides what shows."""
+    shape, scale, shift = law
+    mean = shift if shape is None else shift + shape * scale
+    return max(mean, 0.0) / (np.sqrt(n_inputs) + np.sqrt(n_targets)) ** 2
 
 
 # Fewer residual degrees of freedom leave the diagnostics' laws unreliable: none are run.
