@@ -381,7 +381,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """Keep the rows of the 2-D statistics (and their groups) for the diagnostics."""
         if self._fit_mode in ("inputs", "kernel") or self.criterion != "threshold":
             return
-        offset = self._statistics.n // max(1, rows[0].shape[0] // max(1, X2.shape[0]))
+        # Sequences of earlier chunks: rows so far over rows per sequence.
+        seen = getattr(self._statistics, "n", 0)
+        offset = seen // max(1, rows[0].shape[0] // max(1, X2.shape[0]))
         self._rows.add(*rows, row_groups(self._fit_mode, X2, groups, offset))
 
     def _reset(self):

@@ -113,11 +113,11 @@ def check_groups(groups, n_samples):
     if groups.dtype.kind == "f" and not np.all(np.isfinite(groups)):
         raise ValueError("`groups` must not contain NaN or infinite labels.")
     if groups.dtype.kind not in "biufUS":
+        if any(label is None for label in groups):
+            raise ValueError("`groups` must not contain None labels.")
         try:
             np.unique(groups)
         except TypeError as exc:
             raise ValueError("`groups` must hold labels that can be sorted (integers or "
                              f"strings); got labels of dtype {groups.dtype}.") from exc
-        if any(label is None for label in groups):
-            raise ValueError("`groups` must not contain None labels.")
     return groups
