@@ -28,7 +28,8 @@ a rank-4 signal is planted whose four singular values all equal twice the estima
 ``singular_values_``: singular values of the centred fitted values over ``sqrt(N)``). Per cell:
 the exact-recovery rate (target at least 90%), how often ``rank_interval_`` holds the true rank
 (target at least ``1 - 2a``), its mean width, and the warnings and paths. The section needs
-``detection_limit_``; without it, it says so and is skipped.
+``detection_limit_``; without it, it says so and is skipped (and a draw whose limit is a
+canonical correlation is not planted, and counted as skipped).
 
     python benchmarks/bench_null_calibration.py [--reps 400] [--power-reps 200] [--n-jobs 2]
         [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...]
@@ -145,7 +146,14 @@ def _fit(X, Y, significance):
                        if issubclass(w.category, RankEstimationWarning)})
     interval = getattr(est, "rank_interval_", None)
     limit = getattr(est, "detection_limit_", None)
-    return {"rank": int(est.rank_), "warned": bool(messages), "messages": messages,
+    # The spectrum (and the limit) in the fitted values' units, or canonical correlations.
+    Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
+    fitted = Xc @ np.linalg.lstsq(Xc, Yc, rcond=None)[0]
+    values = np.asarray(est.singular_values_)
+    canonical = not (values.size and np.isclose(
+        values[0], np.linalg.norm(fitted, 2) / np.sqrt(len(X)), rtol=1e-6))
+    return {"rank": int(est.rank_), "canonical": bool(canonical), "warned": bool(messages),
+            "messages": messages,
             "noise_model": getattr(est, "noise_model_", None),
             "interval": None if interval is None else [int(interval[0]), int(interval[1])],
             "detection_limit": None if limit is None else float(limit)}
@@ -171,8 +179,8 @@ def power_draw(cell, seed, significance):
     X, E = draw_noise(cell, rng)
     pilot = _fit(X, E, significance)
     limit = pilot["detection_limit"]
-    if limit is None or not np.isfinite(limit) or limit <= 0:
-        return None
+    if limit is None or not np.isfinite(limit) or limit <= 0 or pilot["canonical"]:
+        return None  # no limit, or one in canonical correlations: nothing planted
     U, strength = planted_signal(X, limit, rng)
     V = np.linalg.qr(rng.standard_normal((cell["q"], POWER_RANK)))[0]
     reading = _fit(X, strength * U @ V.T + E, significance)
@@ -217,12 +225,14 @@ def null_rows(cell, readings, levels, reps):
 
 
 def power_row(cell, readings, significance, reps):
-    readings = [r for r in readings if r is not None]
-    if not readings:
+    planted = [r for r in readings if r is not None]
+    if not planted:
         return {"cell": cell["name"], "reps": reps, "available": False}
+    skipped, readings = len(readings) - len(planted), planted
     exact = np.mean([r["rank"] == POWER_RANK for r in readings])
     row = {"cell": cell["name"], "n": cell["n"], "p": cell["p"], "q": cell["q"],
-           "reps": len(readings), "available": True, "significance": significance,
+           "reps": len(readings), "skipped": skipped, "available": True,
+           "significance": significance,
            "rank": POWER_RANK, "factor": POWER_FACTOR, "exact": float(exact),
            "exact_ok": bool(exact >= POWER_TARGET),
            "mean_rank": float(np.mean([r["rank"] for r in readings])),

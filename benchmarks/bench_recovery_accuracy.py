@@ -226,12 +226,21 @@ def draw_task(cell, seed):
     return X, signal + E, signal, ar1_covariance(q, cell["rho_e"])
 
 
-def weakest_direction(signal, rank):
-    """``s_r`` of the centred signal over ``sqrt(n)``: the units of ``singular_values_``."""
+def weakest_direction(signal, rank, noise_covariance):
+    """The weakest planted direction in the two units of ``singular_values_``.
+
+    ``(s, rho)``: ``s_r`` of the centred signal over ``sqrt(n)`` (the units of the fitted
+    values' singular values) and the population canonical correlation of that direction,
+    ``rho^2 = s^2 / (s^2 + v^T Sigma_E v)`` with ``v`` its output direction (where the rank was
+    read from canonical correlations).
+    """
     if rank == 0:
-        return 0.0
+        return 0.0, 0.0
     centred = signal - signal.mean(axis=0)
-    return float(np.linalg.svd(centred, compute_uv=False)[rank - 1] / np.sqrt(len(signal)))
+    _, s, Vt = np.linalg.svd(centred, full_matrices=False)
+    strength = s[rank - 1] / np.sqrt(len(signal))
+    noise = Vt[rank - 1] @ noise_covariance @ Vt[rank - 1]
+    return float(strength), float(np.sqrt(strength**2 / (strength**2 + noise)))
 
 
 def information_criterion_ranks(X, Y):
@@ -277,7 +286,14 @@ def default_reading(X, Y):
         est = IntrinsicRankEstimator().fit(X, Y)
     interval = getattr(est, "rank_interval_", None)
     limit = getattr(est, "detection_limit_", None)
+    # The spectrum is the fitted values' singular values over sqrt(n), or canonical
+    # correlations (then the limit is a correlation too): which one, from the data.
+    Z, _, _, _ = fitted_basis(X, Y, center=est.fit_intercept)
+    fitted_top = np.linalg.norm(Z, 2) / np.sqrt(len(X))
+    values = np.asarray(est.singular_values_)
+    canonical = not (values.size and np.isclose(values[0], fitted_top, rtol=1e-6))
     return est.rank_, {
+        "canonical": bool(canonical),
         "interval": None if interval is None else [int(interval[0]), int(interval[1])],
         "detection_limit": None if limit is None else float(limit),
         "noise_model": getattr(est, "noise_model_", None),
@@ -366,7 +382,7 @@ def run_cell(cell, n_jobs, seed=0, methods=None):
     def one(i):
         X, Y, signal, noise_covariance = draw_task(cell, base + i)
         out = estimate_ranks(X, Y, noise_covariance, methods)
-        out["_weakest"] = weakest_direction(signal, cell["rank"])
+        out["_weakest"] = weakest_direction(signal, cell["rank"], noise_covariance)
         return out
 
     draws = Parallel(n_jobs=n_jobs)(delayed(one)(i) for i in range(cell["reps"]))
@@ -397,9 +413,11 @@ def interval_summary(draws, true_rank):
         return dict(summary, coverage=None, coverage_above_limit=None, mean_width=None,
                     above_limit=None)
     cover = [info["interval"][0] <= true_rank <= info["interval"][1] for info, _ in with_interval]
+    # The weakest direction in the units of the draw's spectrum and limit.
     above = [c for (info, w), c in zip(with_interval, cover, strict=True)
              if info["detection_limit"] is not None and true_rank > 0
-             and w > info["detection_limit"]]
+             and w[int(info["canonical"])] > info["detection_limit"]]
+    summary["canonical"] = int(sum(info["canonical"] for info, _ in infos))
     return dict(summary, coverage=float(np.mean(cover)),
                 mean_width=float(np.mean([i["interval"][1] - i["interval"][0]
                                           for i, _ in with_interval])),
