@@ -474,13 +474,18 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
                              rng, weight=1.0):
     """The sequential test of :func:`threshold_rule` on the fitted values' spectrum, each
     step's null law resampled (:class:`._resampled_null.ResampledNull`) from the residual
-    rows ``rows`` with signs shared within ``clusters``, instead of the Tracy–Widom edges."""
-    s = fitted_spectrum(operator)
+    rows ``rows`` with signs shared within ``clusters``, instead of the Tracy–Widom edges.
+
+    The fitted values are first weighted on the input side so that the resampled noise is
+    equally strong in every input direction (:meth:`ResampledNull.balance_inputs`; no change
+    for noise that does not depend on the inputs): the reading's spectrum is that of the
+    balanced fitted values, in the units of the targets."""
     n_targets = operator.output_directions.shape[0]
     k_x = max(operator.input_rank, 1)
     level = 1.0 - significance
     null = ResampledNull(rows, clusters, rng, weight=weight)
-    fitted = operator.input_basis.T @ moments.xy
+    fitted = null.balance_inputs(operator.input_basis.T @ moments.xy)
+    s = np.linalg.svd(fitted, compute_uv=False)[: len(fitted_spectrum(operator))]
     laws = {}
 
     def law(k):

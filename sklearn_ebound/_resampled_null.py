@@ -97,6 +97,30 @@ class ResampledNull:
         self.noise = noise * weight
         self.n_clusters = n_clusters
 
+    def balance_inputs(self, fitted):
+        """Weight the input side so that the resampled noise is equally strong in every input
+        direction; returns ``fitted`` weighted alike (``Qᵀ Y`` of shape ``(k, q)``).
+
+        Noise whose variance depends on the inputs is stronger in some input directions: in
+        the fitted values it is a spike of its own, which a weak signal direction can fall
+        below and which the rank-``k`` truncation of the null then takes for signal. With
+        ``Omega = E[Z* Z*ᵀ] / q`` (the sandwich "meat" of the heteroscedasticity-consistent
+        covariance), ``Omega^{-1/2}`` times its mean eigenvalue's root equalises it (the
+        identity for noise that does not depend on the inputs) and keeps the rank of every
+        operator.
+        """
+        n_resamples, k, q = self.noise.shape
+        if k == 0 or q == 0:
+            return fitted
+        omega = np.einsum("bij,bkj->ik", self.noise, self.noise) / (n_resamples * q)
+        values, vectors = np.linalg.eigh((omega + omega.T) / 2)
+        if not values[-1] > 0:
+            return fitted
+        values = np.clip(values, 1e-12 * values[-1], None)
+        weight = (vectors / np.sqrt(values)) @ vectors.T * np.sqrt(values.mean())
+        self.noise = np.einsum("ij,bjk->bik", weight, self.noise)
+        return weight @ fitted
+
     @property
     def noise_variance(self):
         """Resampled variance per entry of the fitted values' noise, ``E ||Z*||_F^2 / (k q)``."""
