@@ -214,13 +214,19 @@ def _lm_test(design, target, total):
     its degrees of freedom and chi-square p-value."""
     design = design - design.mean(axis=0)
     cross = design.T @ target
-    # R^2 = cᵀ G⁺ c / total with G the design's Gram, over its numerically non-null part.
-    values, vectors = np.linalg.eigh(design.T @ design)
-    keep = values > 1e-10 * max(values[-1], 0) if values.size and values[-1] > 0 else values > 1
-    projected = vectors[:, keep].T @ cross
-    r_squared = min(1.0, max(0.0, float(projected @ (projected / values[keep])) / total))
+    gram = design.T @ design
+    # R^2 = cᵀ G⁻¹ c / total with G the design's Gram (its pseudo-inverse where singular).
+    try:
+        factor = np.linalg.cholesky(gram + 1e-12 * np.trace(gram) * np.eye(gram.shape[0]))
+        half = np.linalg.solve(factor, cross)
+        df = gram.shape[0]
+    except np.linalg.LinAlgError:
+        values, vectors = np.linalg.eigh(gram)
+        keep = values > 1e-10 * values[-1]
+        half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
+        df = int(np.count_nonzero(keep))
+    r_squared = min(1.0, max(0.0, float(half @ half) / total))
     statistic = design.shape[0] * r_squared
-    df = int(np.count_nonzero(keep))
     return statistic, df, float(special.chdtrc(df, statistic)) if df else 1.0
 
 
@@ -240,10 +246,9 @@ def _heteroscedasticity(rows):
 
 
 def _lagged_sums(columns, lags):
-    """``sum_t c_t c_{t-l}`` for ``l = 1..lags`` of every column, through the FFT."""
-    size = 1 << int(np.ceil(np.log2(2 * columns.shape[0])))
-    spectrum = np.fft.rfft(columns, n=size, axis=0)
-    return np.fft.irfft(spectrum.real**2 + spectrum.imag**2, n=size, axis=0)[1:lags + 1]
+    """``sum_t c_t c_{t-l}`` for ``l = 1..lags`` of every column."""
+    return np.array([np.einsum("ij,ij->j", columns[lag:], columns[:-lag])
+                     for lag in range(1, lags + 1)])
 
 
 def _serial_dependence(projections):

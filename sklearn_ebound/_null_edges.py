@@ -141,13 +141,13 @@ def white_edge_law(n_rows, n_cols):
     return root_mu**2, sigma
 
 
-def tracy_widom_p_value(x):
-    """``P(TW1 > x)``: Chiani's gamma form, and where it lies between 1e-10 and 0.05 (where
-    levels are set) the exact distribution function of :func:`tracy_widom_quantile`, so that
-    a p-value and an edge at the same level agree."""
+def tracy_widom_p_value(x, exact=False):
+    """``P(TW1 > x)``: Chiani's gamma form, or with ``exact`` (and between 1e-10 and 0.05) the
+    exact distribution function of :func:`tracy_widom_quantile`, so that a p-value and an
+    edge at the same level agree (the two differ by about 1e-4 at those levels)."""
     approximate = float(special.gammaincc(_TW1_GAMMA_SHAPE, max(0.0, (float(x) + _TW1_GAMMA_SHIFT)
                                                                  / _TW1_GAMMA_SCALE)))
-    if not 1e-10 < approximate < 0.05:
+    if not (exact and 1e-10 < approximate < 0.05):
         return approximate
     return 1.0 - _tracy_widom_cdf(float(x))
 

@@ -320,14 +320,14 @@ def threshold_rule(moments, operator, significance):
             reading = replace(reading, caveats=(caveat,))
         elif whitened[0] > rank:
             rank, rho, cut, rho_p_value = whitened
-            p_values, interval = sequential_p_values(rho**2, rho_p_value, rank)
+            p_values, interval = sequential_p_values(rho**2, rho_p_value, rank, significance)
             # Canonical correlations have no unit.
             return replace(reading, rank=rank, singular_values=rho, unit=None,
                            threshold=float(np.sqrt(cut)) if cut is not None else None,
                            p_values=p_values, rank_interval=interval,
                            detection_limit=canonical_detection_limit(k_x, n_targets, moments.dof))
     threshold = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
-    p_values, interval = sequential_p_values(s**2, p_value, rank)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
     return replace(reading, rank=rank, threshold=threshold, p_values=p_values,
                    rank_interval=interval)
 
@@ -337,9 +337,10 @@ def threshold_rule(moments, operator, significance):
 INDISTINCT_LEVEL = 0.16809193379705223
 
 
-def sequential_p_values(values, p_value, rank, stop=INDISTINCT_LEVEL):
+def sequential_p_values(values, p_value, rank, significance, stop=INDISTINCT_LEVEL):
     """P-values ``p_value(k, values[k])`` of the sequential tests, and the interval of ranks
-    they cannot tell apart (:func:`rank_interval`).
+    they cannot tell apart (:func:`rank_interval`). ``p_value(k, value, exact=True)`` is asked
+    for where the fast one disagrees with ``rank`` (read from the edges at ``significance``).
 
     The tests run past ``rank`` until a direction's p-value reaches ``stop``: the interval's
     upper end counts the leading directions that stand above the centre of the noise's edge.
@@ -347,11 +348,13 @@ def sequential_p_values(values, p_value, rank, stop=INDISTINCT_LEVEL):
     p_values = []
     for k, value in enumerate(values):
         p_values.append(p_value(k, value))
+        if (k < rank) != (p_values[-1] <= significance):
+            # Near the level an approximate p-value may disagree with the edge: the exact one.
+            p_values[-1] = p_value(k, value, exact=True)
         if k >= rank and p_values[-1] >= stop:
             break
     p_values = np.asarray(p_values, dtype=np.float64)
-    high = int(np.argmax(p_values >= stop)) if np.any(p_values >= stop) else len(p_values)
-    return p_values, (int(rank), int(max(rank, high)))
+    return p_values, rank_interval(p_values, rank, stop)
 
 
 def rank_interval(p_values, rank, stop=INDISTINCT_LEVEL):
@@ -398,12 +401,12 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
 
-    def p_value(k, value):
+    def p_value(k, value, exact=False):
         mu, scale = white_edge_law(k_x - k, n_targets - k)
         unit = widening * sigma**2
         if scale <= 0 or unit <= 0:
             return float(value <= 0)
-        return tracy_widom_p_value((value / unit - mu) / scale)
+        return tracy_widom_p_value((value / unit - mu) / scale, exact)
 
     return edge, p_value
 
@@ -439,7 +442,7 @@ def _correlated_edge(operator, k_x, level):
             return 0.0  # no noise left in these directions
         return observed * null_edge_ratio(fitted_law, residual_law, level)
 
-    def p_value(k, value):
+    def p_value(k, value, exact=False):  # consistent with the edge as it is
         observed, fitted_law, residual_law = step(k)
         if observed <= 0 or residual_law.mean <= 0:
             return float(value <= 0)
@@ -459,12 +462,12 @@ def _canonical_rank(moments, level):
     def edge(k):  # removing k roots leaves k fewer dimensions on each side
         return null_edge_canonical(x_rank - k, y_rank - k, moments.dof - k, level)
 
-    def p_value(k, value):
+    def p_value(k, value, exact=False):
         law = canonical_edge_law(x_rank - k, y_rank - k, moments.dof - k)
         if law is None or not 0 < value < 1:
             return float(value <= 0) if law is not None else 1.0
         mu, scale = law
-        return tracy_widom_p_value((np.log(value / (1 - value)) - mu) / scale)
+        return tracy_widom_p_value((np.log(value / (1 - value)) - mu) / scale, exact)
 
     rank, cut = _sequential_count(rho**2, edge)
     return rank, rho, cut, p_value
@@ -495,7 +498,8 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
 
     rank, cut = _sequential_count(s**2, lambda k: ResampledNull.edge(law(k), level))
     p_values, interval = sequential_p_values(
-        s**2, lambda k, value: ResampledNull.p_value(law(k), value), rank)
+        s**2, lambda k, value, exact=False: ResampledNull.p_value(law(k), value), rank,
+        significance)
     caveats = ()
     if noise_model != "wild-bootstrap" and null.n_clusters < _MIN_CLUSTERS:
         caveats = (f"Only {null.n_clusters} groups or blocks of rows share the resampled "
