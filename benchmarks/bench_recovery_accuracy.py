@@ -387,6 +387,8 @@ def run_cell(cell, n_jobs, seed=0, methods=None):
 
     draws = Parallel(n_jobs=n_jobs)(delayed(one)(i) for i in range(cell["reps"]))
     methods = [m for m in METHODS if methods is None or m in methods]
+    if not draws:
+        return {}
     ranks = np.array([[d[m] for m in methods] for d in draws])
     exact = (ranks == cell["rank"]).mean(axis=0)
     mae = np.abs(ranks - cell["rank"]).mean(axis=0)
@@ -576,7 +578,10 @@ def main(argv=None):
                         help="the BSW, base and rrpack sim4 cells, 4 repetitions each")
     parser.add_argument("--reps", type=int, default=200, help="repetitions per grid cell")
     parser.add_argument("--n-jobs", type=int, default=2)
-    parser.add_argument("--cells", nargs="+", default=None, help="run only these cells (names)")
+    parser.add_argument("--cells", nargs="+", default=None,
+                        help="run only these cells (names), in this order")
+    parser.add_argument("--skip", nargs="+", default=[], choices=METHODS, metavar="METHOD",
+                        help="leave these methods out (not the default)")
     parser.add_argument("--no-classic", action="store_true", help="leave out the rrpack cells")
     parser.add_argument("--reuse-peers", type=Path, default=None,
                         help="take the peers' and references' rates from this earlier run")
@@ -601,19 +606,25 @@ def main(argv=None):
         unknown = set(args.cells) - {c["name"] for c in cells}
         if unknown:
             parser.error(f"unknown cells {sorted(unknown)}; known: {[c['name'] for c in cells]}")
-        cells = [c for c in cells if c["name"] in args.cells]
+        by_name = {c["name"]: c for c in cells}
+        cells = [by_name[name] for name in args.cells]
+    if DEFAULT in args.skip:
+        parser.error("the default cannot be skipped")
+    methods = [m for m in METHODS if m not in args.skip]
     previous = json.loads(args.reuse_peers.read_text()) if args.reuse_peers else {}
     start = time.perf_counter()
     results, reused = [], []
-    report = {"commit": args.commit or _commit(), "quick": args.quick, "complete": False}
+    report = {"commit": args.commit or _commit(), "quick": args.quick, "complete": False,
+              "skipped_methods": args.skip}
     save = not args.quick or args.output != RESULTS
     for cell in cells:
         t0 = time.perf_counter()
         earlier = _reusable(previous, cell)
-        scores = run_cell(cell, args.n_jobs, methods=PACKAGE if earlier else None)
+        scores = run_cell(cell, args.n_jobs,
+                          methods=[m for m in methods if not earlier or m in PACKAGE])
         if earlier:
-            scores = {**{m: earlier[m] for m in METHODS if m not in PACKAGE}, **scores}
-            scores = {m: scores[m] for m in METHODS}
+            scores = {**{m: earlier[m] for m in methods if m not in PACKAGE}, **scores}
+            scores = {m: scores[m] for m in methods}
             reused.append(cell["name"])
         results.append({"cell": cell, "scores": scores, "seconds": time.perf_counter() - t0})
         print(f"  {cell['name']}: {cell['reps']} draws in {results[-1]['seconds']:.0f} s"
