@@ -32,7 +32,7 @@ the exact-recovery rate (target at least 90%), how often ``rank_interval_`` hold
 canonical correlation is not planted, and counted as skipped).
 
     python benchmarks/bench_null_calibration.py [--reps 400] [--power-reps 200] [--n-jobs 2]
-        [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...]
+        [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...] [--power-only]
 """
 
 import argparse
@@ -272,6 +272,7 @@ def main(argv=None):
     parser.add_argument("--significance", type=float, nargs="+", default=[1e-3],
                         help="levels of the test (each run on the same draws)")
     parser.add_argument("--cells", nargs="+", default=None, help="run only these cells (names)")
+    parser.add_argument("--power-only", action="store_true", help="only the power section")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--commit", default=None,
                         help="the commit measured (default: git rev-parse HEAD of the checkout)")
@@ -283,6 +284,8 @@ def main(argv=None):
         grid = grid[:2] + [c for c in grid if c["name"] in ("sd ~ |x1|", "N = p + 5")]
         power_grid = [c for c in power_grid if c["name"] in ("white", "sd ~ |x1|")]
         reps, power_reps = 4, min(power_reps, 4)
+    if args.power_only:
+        grid = []
     if args.cells:
         grid = [c for c in grid if c["name"] in args.cells]
         power_grid = [c for c in power_grid if c["name"] in args.cells]
