@@ -24,12 +24,14 @@ paths taken (``noise_model_``), and whether the cell passes: a false-positive ra
 
 Power section (``--power-reps``, 0 to skip). On the same noise kinds (and white Gaussian noise)
 a rank-4 signal is planted whose four singular values all equal twice the estimator's
-``detection_limit_``, read from a fit of the draw's noise alone (in the units of
-``singular_values_``: singular values of the centred fitted values over ``sqrt(N)``). Per cell:
+``detection_limit_``, read from a fit of the draw's noise alone. The limit is in the units of
+``singular_values_``: singular values of the centred fitted values over ``sqrt(N)`` on the
+Tracy–Widom path, of a prewhitened or balanced matrix on a resampled one; it is carried into
+the fitted values' units by the ratio of the two top singular values of that noise-only fit
+(both noise edges, so the ratio is the noise's scale in the two units). Per cell:
 the exact-recovery rate (target at least 90%), how often ``rank_interval_`` holds the true rank
 (target at least ``1 - 2a``), its mean width, and the warnings and paths. The section needs
-``detection_limit_``; without it, it says so and is skipped (and a draw whose limit is a
-canonical correlation is not planted, and counted as skipped).
+``detection_limit_``; without it, it says so and is skipped.
 
     python benchmarks/bench_null_calibration.py [--reps 400] [--power-reps 200] [--n-jobs 2]
         [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...] [--power-only]
@@ -146,14 +148,14 @@ def _fit(X, Y, significance):
                        if issubclass(w.category, RankEstimationWarning)})
     interval = getattr(est, "rank_interval_", None)
     limit = getattr(est, "detection_limit_", None)
-    # The spectrum (and the limit) in the fitted values' units, or canonical correlations.
+    # The top singular value of the centred fitted values over sqrt(n), and of the spectrum
+    # the estimator read (a resampled path reads a prewhitened or balanced one).
     Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
     fitted = Xc @ np.linalg.lstsq(Xc, Yc, rcond=None)[0]
     values = np.asarray(est.singular_values_)
-    canonical = not (values.size and np.isclose(
-        values[0], np.linalg.norm(fitted, 2) / np.sqrt(len(X)), rtol=1e-6))
-    return {"rank": int(est.rank_), "canonical": bool(canonical), "warned": bool(messages),
-            "messages": messages,
+    return {"rank": int(est.rank_), "warned": bool(messages), "messages": messages,
+            "top_fitted": float(np.linalg.norm(fitted, 2) / np.sqrt(len(X))),
+            "top_read": float(values[0]) if values.size else None,
             "noise_model": getattr(est, "noise_model_", None),
             "interval": None if interval is None else [int(interval[0]), int(interval[1])],
             "detection_limit": None if limit is None else float(limit)}
@@ -179,12 +181,17 @@ def power_draw(cell, seed, significance):
     X, E = draw_noise(cell, rng)
     pilot = _fit(X, E, significance)
     limit = pilot["detection_limit"]
-    if limit is None or not np.isfinite(limit) or limit <= 0 or pilot["canonical"]:
-        return None  # no limit, or one in canonical correlations: nothing planted
-    U, strength = planted_signal(X, limit, rng)
+    if (limit is None or not np.isfinite(limit) or limit <= 0 or not pilot["top_read"]
+            or not pilot["top_fitted"]):
+        return None
+    # The limit is in the units of the spectrum read, which a resampled path prewhitens or
+    # balances: into the fitted values' units by the ratio of the two noise-only top values.
+    ratio = pilot["top_read"] / pilot["top_fitted"]
+    U, strength = planted_signal(X, limit / ratio, rng)
     V = np.linalg.qr(rng.standard_normal((cell["q"], POWER_RANK)))[0]
     reading = _fit(X, strength * U @ V.T + E, significance)
     reading["pilot_limit"] = limit
+    reading["unit_ratio"] = ratio
     return reading
 
 
@@ -237,6 +244,7 @@ def power_row(cell, readings, significance, reps):
            "exact_ok": bool(exact >= POWER_TARGET),
            "mean_rank": float(np.mean([r["rank"] for r in readings])),
            "mean_detection_limit": float(np.mean([r["pilot_limit"] for r in readings])),
+           "mean_unit_ratio": float(np.mean([r["unit_ratio"] for r in readings])),
            "warned": float(np.mean([r["warned"] for r in readings])),
            "noise_models": _paths(readings)}
     with_interval = [r for r in readings if r["interval"] is not None]
