@@ -179,8 +179,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         on the inputs and their squares), ``"serial_dependence"`` (Ljung–Box),
         ``"group_dependence"`` (analysis of variance across ``groups``) and ``"heavy_tails"``
         (D'Agostino's kurtosis test) a dict with ``"statistic"`` and ``"p_value"``;
-        ``"failed"`` the rejected ones, each at ``level / 4`` (``level`` = 1e-4: clean Gaussian
-        data switch with at most that probability); ``"n_rows"`` the rows tested.
+        ``"failed"`` the rejected ones, each at ``level / 4`` (``level`` = 1e-5: clean Gaussian
+        data switch with at most that probability); ``"n_rows"`` the rows tested (the first
+        1,024).
     p_values_ : ndarray, only where ``noise_model_`` is set
         P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
         are accepted (``rank_`` is the number of leading p-values at most ``significance``).

@@ -18,6 +18,7 @@ from sklearn.model_selection import GroupKFold
 
 from ._diagnostics import (
     ASSUMPTIONS,
+    DIAGNOSTIC_ROWS,
     diagnose_residuals,
     failed_assumptions,
     residual_rows,
@@ -474,20 +475,25 @@ def _canonical_rank(moments, level):
 
 
 def resampled_threshold_rule(moments, operator, significance, rows, noise_model, clusters,
-                             rng, weight=1.0):
+                             rng, weight=1.0, balance=True):
     """The sequential test of :func:`threshold_rule` on the fitted values' spectrum, each
     step's null law resampled (:class:`._resampled_null.ResampledNull`) from the residual
     rows ``rows`` with signs shared within ``clusters``, instead of the Tracy–Widom edges.
 
-    The fitted values are first weighted on the input side so that the resampled noise is
-    equally strong in every input direction (:meth:`ResampledNull.balance_inputs`; no change
-    for noise that does not depend on the inputs): the reading's spectrum is that of the
-    balanced fitted values, in the units of the targets."""
+    With ``balance`` the fitted values are first weighted on the input side so that the
+    resampled noise is equally strong in every input direction
+    (:meth:`ResampledNull.balance_inputs`; no change for noise that does not depend on the
+    inputs): the reading's spectrum is that of the balanced fitted values, in the units of the
+    targets. Rows that are only some of those of the moments (``weight`` > 1) estimate the
+    weight from other noise than the fitted values hold, so they are not balanced."""
     n_targets = operator.output_directions.shape[0]
     k_x = max(operator.input_rank, 1)
     level = 1.0 - significance
-    null = ResampledNull(rows, clusters, rng, weight=weight)
-    fitted = null.balance_inputs(operator.input_basis.T @ moments.xy)
+    null = ResampledNull(rows, clusters, rng, weight=weight,
+                         gaussian=noise_model == "group-bootstrap")
+    fitted = operator.input_basis.T @ moments.xy
+    if balance:
+        fitted = null.balance_inputs(fitted)
     s = np.linalg.svd(fitted, compute_uv=False)[: len(fitted_spectrum(operator))]
     laws = {}
 
@@ -557,8 +563,13 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
     if (sample is None or operator.residual_dof < _MIN_DIAGNOSTIC_DOF
             or operator.input_basis is None):
         return gaussian, operator
-    rows = residual_rows(sample.X, sample.Y, moments, operator, sample.group_codes())
-    diagnostics = diagnose_residuals(rows)
+    # The diagnostics read the first rows only: a violation that strains the edges is one of
+    # fixed size, plain in a thousand rows, and more would cost more than the rank itself.
+    groups = sample.group_codes()
+    head = slice(0, DIAGNOSTIC_ROWS)
+    diagnostics = diagnose_residuals(residual_rows(
+        sample.X[head], sample.Y[head], moments, operator,
+        None if groups is None else groups[head]))
     failed = failed_assumptions(diagnostics)
     diagnostics["failed"] = failed
     if not failed:
@@ -566,28 +577,28 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
     dependent = {"serial_dependence", "group_dependence"} & set(failed)
     weight = np.sqrt(moments.n / sample.n_rows)
     block = 1
-    if rows.groups is not None and dependent:
+    rows = None
+    if groups is not None and dependent:
         noise_model = "group-bootstrap"
     elif dependent:
         noise_model = "block-bootstrap"
-        rows = residual_rows(sample.X, sample.Y, moments, operator, rows.groups,
-                             with_residual=True)
+        rows = residual_rows(sample.X, sample.Y, moments, operator, with_residual=True)
         if sample.complete:
             phi = _pooled_lag_one(rows.residual)
             diagnostics["prewhitening_coefficient"] = phi
-            moments, operator, rows = _prewhitened(sample, moments, phi)
-            if operator.residual_dof < 1:
+            filtered = _prewhitened(sample, moments, phi)
+            if filtered[1].residual_dof < 1:
                 return replace(gaussian, diagnostics=diagnostics), operator
+            moments, operator, rows = filtered
         block = block_length(rows.n_rows, _pooled_lag_one(rows.residual))
         diagnostics["block_length"] = block
     else:
         noise_model = "wild-bootstrap"
-    if rows.residual is None:
-        rows = residual_rows(sample.X, sample.Y, moments, operator, rows.groups,
-                             with_residual=True)
+    if rows is None:
+        rows = residual_rows(sample.X, sample.Y, moments, operator, groups, with_residual=True)
     clusters = multiplier_clusters(rows.n_rows, noise_model, rows.groups, block)
     reading = resampled_threshold_rule(moments, operator, significance, rows, noise_model,
-                                       clusters, rng, weight=weight)
+                                       clusters, rng, weight=weight, balance=sample.complete)
     p_text = ", ".join(f"{ASSUMPTIONS[name]} (p = {diagnostics[name]['p_value']:.2g})"
                        for name in failed)
     caveat = (f"The residuals fail what the Tracy–Widom edges assume: {p_text}. The rank is "

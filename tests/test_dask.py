@@ -44,7 +44,15 @@ def test_dask_sequences(client):
         local = IntrinsicRankEstimator("attention", attention="linear", **kwargs).fit(X, Y)
         remote = IntrinsicRankEstimator("attention", attention="linear", **kwargs).fit(dX, dY)
         assert remote.rank_ == local.rank_ == 2
-        np.testing.assert_allclose(remote.singular_values_, local.singular_values_, rtol=1e-9)
+        assert getattr(remote, "noise_model_", None) == getattr(local, "noise_model_", None)
+        if getattr(local, "noise_model_", "gaussian") == "gaussian":
+            np.testing.assert_allclose(remote.singular_values_, local.singular_values_,
+                                       rtol=1e-9)
+        else:
+            # A resampled null reads the rows of the first block (dask) or of all (in
+            # memory): its balanced spectrum is close, not equal.
+            np.testing.assert_allclose(remote.singular_values_[:2], local.singular_values_[:2],
+                                       rtol=0.2)
 
 
 def test_dask_input_is_validated(client):
@@ -104,6 +112,8 @@ def test_dask_groups_keep_the_first_block_for_the_diagnostics(client):
     assert remote.noise_model_ == local.noise_model_ == "group-bootstrap"
     assert remote.diagnostics_["n_rows"] == 600  # the first block's rows
     assert remote.rank_ == local.rank_ == 0
-    np.testing.assert_allclose(remote.singular_values_, local.singular_values_, rtol=1e-10)
+    # In memory the fitted values are balanced by the resampled noise of all the rows; from a
+    # block's rows they are not: the spectra are close, not equal.
+    np.testing.assert_allclose(remote.singular_values_, local.singular_values_, rtol=0.3)
     with pytest.raises(ValueError, match="one label per sample"):
         IntrinsicRankEstimator().fit(dX, dY, groups=groups[:-1])
