@@ -102,9 +102,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           (Tracy–Widom edges: Johnstone's for white residuals, John's sphericity test deciding;
           for correlated residuals the larger rank of an edge relative to the residuals' own
           largest eigenvalue, El Karoui's laws, and of the canonical correlations against the
-          Jacobi edge). With too few residual degrees of freedom it warns; with none, and without
-          ``y``, it uses the Gavish–Donoho threshold with unknown noise. The user guide's "How
-          the threshold test works" gives the details. It is the default because it recovered
+          Jacobi edge). With too few residual degrees of freedom it warns; with none (``rank(X) =
+          n_samples - 1``, as with more features than samples) the same sequential test runs
+          on the centred targets with the noise level of the Marchenko–Pastur median (each
+          step at about ``significance`` while the rank is small beside ``min(n_samples,
+          n_targets)``, conservative beyond), and warns; without ``y`` it uses the
+          Gavish–Donoho threshold with unknown noise. Where the residual diagnostics reject
+          the Gaussian, independent, homoscedastic noise the edges assume, the null is
+          resampled instead (``noise_model_``). The user guide's "How the threshold test
+          works" and "When the assumptions fail" give the details. It is the default because it recovered
           ``r*`` most reliably: 100% of the test suite's planted grid, and the best
           exact-recovery rate of ``benchmarks/bench_recovery_accuracy.py`` against PCA-mle,
           optht, cross-validated grid search and AIC/BIC.

@@ -34,6 +34,7 @@ from ._null_edges import (
     canonical_edge_law,
     edge_matched_noise_covariance,
     largest_eigenvalue_law,
+    marchenko_pastur_median,
     null_edge_canonical,
     null_edge_correlated,
     null_edge_ratio,
@@ -297,11 +298,7 @@ def threshold_rule(moments, operator, significance):
     dof = operator.residual_dof
     k_x = max(operator.input_rank, 1)
     if dof < 1:
-        cut = optimal_hard_threshold(s, shape=(k_x, n_targets)) if s.size else 0.0
-        caveat = ("No residual degrees of freedom: the noise level is estimated from the median "
-                  "singular value, which assumes the rank is small.")
-        return RankReading(int(np.sum(s > cut)), spectrum, cut / np.sqrt(moments.n),
-                           caveats=(caveat,))
+        return _no_residual_rule(s, k_x, n_targets, moments.n, significance)
     noise_variance = operator.noise_variance()
     limit = detection_limit(noise_variance, k_x, n_targets, moments.n)
     reading = RankReading(0, spectrum, noise_variance=noise_variance, noise_model="gaussian",
@@ -331,6 +328,43 @@ def threshold_rule(moments, operator, significance):
     p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
     return replace(reading, rank=rank, threshold=threshold, p_values=p_values,
                    rank_interval=interval)
+
+
+def _no_residual_rule(s, k_x, n_targets, n_samples, significance):
+    """The sequential white test where no residual degrees of freedom are left (``rank(X) =
+    n - 1``, as with more inputs than samples): the fitted values are the centred targets
+    themselves, and the noise level is that which puts the median singular value at the
+    Marchenko–Pastur median of a ``rank(X) x q`` noise matrix (Gavish & Donoho's estimate).
+    Each test then has about the level ``significance`` as long as the rank is small beside
+    ``min(rank(X), q)`` (the median is then a noise value); beyond that the estimate grows,
+    and the test becomes conservative."""
+    spectrum = s / np.sqrt(n_samples)
+    caveat = ("No residual degrees of freedom: the noise level is estimated from the median "
+              "singular value, which assumes the rank is small.")
+    m, n = sorted((k_x, n_targets))
+    if s.size < m or not np.median(s) > 0:
+        cut = optimal_hard_threshold(s, shape=(k_x, n_targets)) if s.size else 0.0
+        return RankReading(int(np.sum(s > cut)), spectrum, cut / np.sqrt(n_samples),
+                           caveats=(caveat,))
+    sigma = np.median(s[:m]) / np.sqrt(n * marchenko_pastur_median(m / n))
+    level = 1.0 - significance
+
+    def edge(k):
+        return sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
+
+    def p_value(k, value, exact=False):
+        mu, scale = white_edge_law(k_x - k, n_targets - k)
+        if scale <= 0:
+            return float(value <= 0)
+        return tracy_widom_p_value((value / sigma**2 - mu) / scale, exact)
+
+    rank, cut = _sequential_count(s**2, edge)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    threshold = float(np.sqrt(cut / n_samples)) if cut is not None else 0.0
+    return RankReading(rank, spectrum, threshold, noise_variance=float(sigma**2),
+                       caveats=(caveat,), noise_model="gaussian", p_values=p_values,
+                       rank_interval=interval,
+                       detection_limit=detection_limit(sigma**2, k_x, n_targets, n_samples))
 
 
 # A direction whose p-value is below this stands above the centre of the noise's edge: the
