@@ -197,7 +197,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
         ``significance``. ``low = rank_``; ``high`` counts the leading directions whose
         p-value is below ``P(TW1 > 0)``: they stand above the centre of the noise's edge, as a
-        direction above the detection limit does, without being significant.
+        direction above the detection limit does, without being significant. Where the energy
+        cap of an approximate attention model set the rank (below what the noise test passed),
+        ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set
         The smallest population singular value, in the units of ``singular_values_``, that
         this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the

@@ -117,7 +117,11 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
     # systematic, so the threshold's rank is capped by the energy of what passed.
     approximate = name == "per_token" or (name == "kernel" and attention == "softmax")
     if approximate and criterion == "threshold":
+        tested = reading.rank
         reading = cap_by_energy(reading, s, tau)
+        if reading.rank < tested and reading.rank_interval is not None:
+            # The cap, not the noise test, set the rank: the test's interval does not apply.
+            reading = replace(reading, rank_interval=(reading.rank, reading.rank))
         if name == "per_token":
             caveats.append(short_sequence_caveat(n_tokens, tau))
     reading = replace(reading, caveats=tuple(c for c in caveats if c))

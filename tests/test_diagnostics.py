@@ -258,3 +258,11 @@ def test_three_d_groups_are_per_sequence():
     X, Y = make_attention_task("linear", 20, 8, 4, rank=2, noise=0.05, random_state=0)
     with pytest.raises(ValueError, match="got 160 labels for 20 samples"):
         IntrinsicRankEstimator().fit(X, Y, groups=np.arange(160))
+
+
+def test_rank_interval_follows_the_energy_cap_of_approximate_attention():
+    X, Y = make_attention_task("softmax", 200, 16, 6, rank=2, value="random", random_state=0)
+    estimator, _ = _fit(X, Y, operator="attention")
+    low, high = estimator.rank_interval_
+    assert low == estimator.rank_ <= high
+    assert estimator.p_values_.size >= 1
