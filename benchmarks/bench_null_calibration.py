@@ -31,10 +31,13 @@ the fitted values' units by the ratio of the two top singular values of that noi
 (both noise edges, so the ratio is the noise's scale in the two units). Per cell:
 the exact-recovery rate (target at least 90%), how often ``rank_interval_`` holds the true rank
 (target at least ``1 - 2a``), its mean width, and the warnings and paths. The section needs
-``detection_limit_``; without it, it says so and is skipped.
+``detection_limit_``; without it, it says so and is skipped. ``--power-factors 2 3 4 5`` plants
+a spread spectrum instead (the weakest direction still at twice the limit; equal values are
+the hardest case for a sequential test, whose planted values repel each other).
 
     python benchmarks/bench_null_calibration.py [--reps 400] [--power-reps 200] [--n-jobs 2]
         [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...] [--power-only]
+        [--power-factors 2 2 2 2]
 """
 
 import argparse
@@ -167,15 +170,16 @@ def null_draw(cell, seed, levels):
     return [_fit(X, E, level) for level in levels]
 
 
-def planted_signal(X, limit, rng, rank=POWER_RANK, factor=POWER_FACTOR):
-    """A rank-``rank`` signal ``U diag(s) V^T`` in the column space of the centred ``X`` whose
-    singular values over ``sqrt(n)`` all equal ``factor * limit``."""
+def planted_signal(X, limit, rng, factors=(POWER_FACTOR,) * POWER_RANK):
+    """A signal ``U diag(s) V^T`` in the column space of the centred ``X`` whose singular
+    values over ``sqrt(n)`` are ``factors * limit`` (one direction per factor)."""
     Xc = X - X.mean(axis=0)
-    U = np.linalg.svd(Xc @ rng.standard_normal((X.shape[1], rank)), full_matrices=False)[0]
-    return U, factor * limit * np.sqrt(len(X))
+    U = np.linalg.svd(Xc @ rng.standard_normal((X.shape[1], len(factors))),
+                      full_matrices=False)[0]
+    return U, np.asarray(factors, dtype=float) * limit * np.sqrt(len(X))
 
 
-def power_draw(cell, seed, significance):
+def power_draw(cell, seed, significance, factors=(POWER_FACTOR,) * POWER_RANK):
     """Pilot fit on the noise alone for ``detection_limit_``; then the planted draw's reading."""
     rng = np.random.default_rng(seed)
     X, E = draw_noise(cell, rng)
@@ -187,9 +191,9 @@ def power_draw(cell, seed, significance):
     # The limit is in the units of the spectrum read, which a resampled path prewhitens or
     # balances: into the fitted values' units by the ratio of the two noise-only top values.
     ratio = pilot["top_read"] / pilot["top_fitted"]
-    U, strength = planted_signal(X, limit / ratio, rng)
-    V = np.linalg.qr(rng.standard_normal((cell["q"], POWER_RANK)))[0]
-    reading = _fit(X, strength * U @ V.T + E, significance)
+    U, strength = planted_signal(X, limit / ratio, rng, factors)
+    V = np.linalg.qr(rng.standard_normal((cell["q"], len(factors))))[0]
+    reading = _fit(X, (U * strength) @ V.T + E, significance)
     reading["pilot_limit"] = limit
     reading["unit_ratio"] = ratio
     return reading
@@ -231,16 +235,17 @@ def null_rows(cell, readings, levels, reps):
     return rows
 
 
-def power_row(cell, readings, significance, reps):
+def power_row(cell, readings, significance, reps, factors=(POWER_FACTOR,) * POWER_RANK):
     planted = [r for r in readings if r is not None]
     if not planted:
         return {"cell": cell["name"], "reps": reps, "available": False}
     skipped, readings = len(readings) - len(planted), planted
-    exact = np.mean([r["rank"] == POWER_RANK for r in readings])
+    rank = len(factors)
+    exact = np.mean([r["rank"] == rank for r in readings])
     row = {"cell": cell["name"], "n": cell["n"], "p": cell["p"], "q": cell["q"],
            "reps": len(readings), "skipped": skipped, "available": True,
            "significance": significance,
-           "rank": POWER_RANK, "factor": POWER_FACTOR, "exact": float(exact),
+           "rank": rank, "factors": list(factors), "exact": float(exact),
            "exact_ok": bool(exact >= POWER_TARGET),
            "mean_rank": float(np.mean([r["rank"] for r in readings])),
            "mean_detection_limit": float(np.mean([r["pilot_limit"] for r in readings])),
@@ -249,7 +254,7 @@ def power_row(cell, readings, significance, reps):
            "noise_models": _paths(readings)}
     with_interval = [r for r in readings if r["interval"] is not None]
     if with_interval:
-        cover = np.mean([r["interval"][0] <= POWER_RANK <= r["interval"][1]
+        cover = np.mean([r["interval"][0] <= rank <= r["interval"][1]
                          for r in with_interval])
         row.update(coverage=float(cover), coverage_ok=bool(cover >= 1 - 2 * significance),
                    mean_width=float(np.mean([r["interval"][1] - r["interval"][0]
@@ -281,6 +286,10 @@ def main(argv=None):
                         help="levels of the test (each run on the same draws)")
     parser.add_argument("--cells", nargs="+", default=None, help="run only these cells (names)")
     parser.add_argument("--power-only", action="store_true", help="only the power section")
+    parser.add_argument("--power-factors", type=float, nargs="+",
+                        default=[POWER_FACTOR] * POWER_RANK,
+                        help="planted singular values over the detection limit, one per "
+                             "direction (default: rank 4, all at twice the limit)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--commit", default=None,
                         help="the commit measured (default: git rev-parse HEAD of the checkout)")
@@ -325,15 +334,17 @@ def main(argv=None):
         checkpoint()
     if power_reps:
         significance = levels[0]
-        print(f"\npower: rank {POWER_RANK} planted at {POWER_FACTOR:g} x detection_limit_, "
+        factors = tuple(args.power_factors)
+        print(f"\npower: rank {len(factors)} planted at "
+              f"{', '.join(f'{f:g}' for f in factors)} x detection_limit_, "
               f"significance {significance:g} (targets: exact >= {POWER_TARGET:.0%}, "
               f"rank_interval_ coverage >= {1 - 2 * significance:g})")
         for cell in power_grid:
             t0 = time.perf_counter()
             readings = Parallel(n_jobs=args.n_jobs)(
-                delayed(power_draw)(cell, 10_000_000 + seed, significance)
+                delayed(power_draw)(cell, 10_000_000 + seed, significance, factors)
                 for seed in range(power_reps))
-            row = power_row(cell, readings, significance, power_reps)
+            row = power_row(cell, readings, significance, power_reps, factors)
             row["seconds"] = time.perf_counter() - t0
             report["power"].append(row)
             if not row["available"]:
