@@ -62,6 +62,12 @@ def test_recovery_accuracy_quick(load, tmp_path, monkeypatch):
     base = report["results"][1]["scores"]
     for method, score in again["results"][0]["scores"].items():
         assert score["exact"] == base[method]["exact"], method
+    # A method left out is absent from the scores, and cells run in the order asked.
+    skipped = bench.main(["--quick", "--n-jobs", "1", "--output", str(tmp_path / "skip.json"),
+                          "--cells", "rrpack sim4", "base", "--skip", "gridsearch"])
+    assert [res["cell"]["name"] for res in skipped["results"]] == ["rrpack sim4", "base"]
+    assert all("gridsearch" not in res["scores"] for res in skipped["results"])
+    assert skipped["skipped_methods"] == ["gridsearch"]
 
 
 def test_recovery_summary_targets(load):
@@ -197,6 +203,11 @@ def test_null_power_section(load, tmp_path, monkeypatch):
     (row,) = report["power"]
     assert row["available"] and row["reps"] == 4 and row["rank"] == bench.POWER_RANK
     assert 0 <= row["exact"] <= 1 and 0 <= row["coverage"] <= 1 and row["mean_width"] >= 0
+    assert row["mean_unit_ratio"] == pytest.approx(1.0)  # the white path reads the fitted values
+    report = bench.main(["--quick", "--n-jobs", "1", "--output", str(tmp_path / "p.json"),
+                         "--power-only", "--cells", "white", "--power-factors", "2", "3"])
+    (row,) = report["power"]
+    assert row["rank"] == 2 and row["factors"] == [2.0, 3.0] and not report["cells"]
 
 
 def test_information_criteria_on_a_clear_task(load):
