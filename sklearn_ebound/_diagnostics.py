@@ -159,7 +159,6 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
     the leverages and the residuals themselves (for resampling) with ``with_residual``.
     """
     Xc = X / moments.scale_x - moments.mean_x
-    q = moments.xy.shape[1]
     directions = _leading_directions(operator.residual)
     # Yc V - Xc B V without a centred copy of Y: Y V / s_y - mean_y V - Xc (B V).
     projections = ((Y @ directions) / moments.scale_y - moments.mean_y @ directions

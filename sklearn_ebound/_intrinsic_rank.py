@@ -110,8 +110,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           Gavish–Donoho threshold with unknown noise. Where the residual diagnostics reject
           the Gaussian, independent, homoscedastic noise the edges assume, the null is
           resampled instead (``noise_model_``). The user guide's "How the threshold test
-          works" and "When the assumptions fail" give the details. It is the default because it recovered
-          ``r*`` most reliably: 100% of the test suite's planted grid, and the best
+          works" and "When the assumptions fail" give the details. It is the default because it
+          recovered ``r*`` most reliably: 100% of the test suite's planted grid, and the best
           exact-recovery rate of ``benchmarks/bench_recovery_accuracy.py`` against PCA-mle,
           optht, cross-validated grid search and AIC/BIC.
         - ``"rsc"``: Bunea, She & Wegkamp's rank selection criterion: singular values of the

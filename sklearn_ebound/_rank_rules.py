@@ -45,8 +45,8 @@ from ._null_edges import (
     tracy_widom_p_value,
     white_edge_law,
 )
-from ._resampled_null import NOISE_MODELS, ResampledNull, block_length, multiplier_clusters
 from ._reduced_rank import rank_path_scores
+from ._resampled_null import NOISE_MODELS, ResampledNull, block_length, multiplier_clusters
 from ._spectrum import energy_rank
 
 __all__ = [

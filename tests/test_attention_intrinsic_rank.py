@@ -10,6 +10,16 @@ from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 
+# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
+# here per-token and token-mixing residuals carry the attention model's systematic error (input-
+# dependent, heavy-tailed), so the threshold test reads them with a resampled null and says so.
+# tests/test_diagnostics.py asserts the switch and its warning.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
+    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
+]
+
+
 
 @pytest.mark.parametrize("kind", ["linear", "softmax"])
 def test_naive_static_transfer_fails(kind):
