@@ -145,7 +145,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Centre the data first.
     random_state : int, RandomState instance or None, default=None
         Seed of the resampled null (the bootstrap of ``criterion="threshold"`` where the
-        residual diagnostics fail); clean Gaussian data draw nothing.
+        residual diagnostics fail); clean Gaussian data draw nothing. With ``None`` a switched
+        reading's p-values (rarely its rank) vary from fit to fit; pass an int to repeat them.
 
     Attributes
     ----------
