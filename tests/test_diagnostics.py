@@ -266,3 +266,12 @@ def test_rank_interval_follows_the_energy_cap_of_approximate_attention():
     low, high = estimator.rank_interval_
     assert low == estimator.rank_ <= high
     assert estimator.p_values_.size >= 1
+
+
+def test_the_resampled_null_repeats_with_its_random_state():
+    X, Y, _ = _null_rows("heteroscedastic", 5)
+    first, _ = _fit(X, Y)
+    again, _ = _fit(X, Y)
+    assert first.noise_model_ == "wild-bootstrap"
+    np.testing.assert_array_equal(first.p_values_, again.p_values_)
+    assert first.detection_limit_ == again.detection_limit_
