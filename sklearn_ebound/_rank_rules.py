@@ -101,8 +101,9 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
         else:
             operator = solve_static(statistics)
             if criterion == "threshold":
-                reading, operator = calibrated_threshold_rule(statistics, operator, significance,
-                                                              sample, rng)
+                reading, operator = calibrated_threshold_rule(
+                    statistics, operator, significance, sample, rng,
+                    expected=EXPECTED_FAILURES.get(name, ()))
             else:
                 reading = static_rule(criterion, statistics, operator, significance, tau,
                                       cv_data, cv, fit_intercept)
@@ -582,7 +583,19 @@ def kernel_rule(fit, s, criterion, tau):
                        fit.noise_variance)
 
 
-def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=None):
+# Assumptions that the rows of sequence data fail by construction, so that the calibration
+# that drops them is taken without a warning: the tokens (or channels) of one sequence are
+# dependent, and are grouped by sequence; with an unknown value map the residuals also carry
+# the per-token operator's systematic error, which depends on the inputs and has heavy tails.
+EXPECTED_FAILURES = {
+    "token_mixing": ("serial_dependence", "group_dependence"),
+    "per_token": ("heteroscedasticity", "serial_dependence", "group_dependence",
+                  "heavy_tails"),
+}
+
+
+def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=None,
+                              expected=()):
     """:func:`threshold_rule` where the residual rows of ``sample``
     (:class:`._diagnostics.RowSample`) pass the diagnostics, else the resampled test of
     :func:`resampled_threshold_rule` with the calibration that drops the failed assumption:
@@ -596,6 +609,9 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
 
     Returns the reading and the operator it was read from (the prewhitened one after a
     prewhitening). Without a sample, or without residual degrees of freedom, the Gaussian rule.
+    The reading's caveat names the failed assumptions unless all of them are ``expected``
+    (keys of :data:`._diagnostics.ASSUMPTIONS` the rows fail by construction, as those of
+    :data:`EXPECTED_FAILURES`): ``noise_model`` and ``diagnostics`` say it either way.
     """
     gaussian = threshold_rule(moments, operator, significance)
     if (sample is None or operator.residual_dof < _MIN_DIAGNOSTIC_DOF
@@ -637,6 +653,10 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
     clusters = multiplier_clusters(rows.n_rows, noise_model, rows.groups, block)
     reading = resampled_threshold_rule(moments, operator, significance, rows, noise_model,
                                        clusters, rng, weight=weight, balance=sample.complete)
+    if expected:
+        diagnostics["expected"] = tuple(name for name in ASSUMPTIONS if name in expected)
+    if set(failed) <= set(expected):
+        return replace(reading, diagnostics=diagnostics), operator
     p_text = ", ".join(f"{ASSUMPTIONS[name]} (p = {diagnostics[name]['p_value']:.2g})"
                        for name in failed)
     caveat = (f"The residuals fail what the Tracy–Widom edges assume: {p_text}. The rank is "

@@ -10,15 +10,6 @@ import pytest
 from sklearn_ebound.cli import CLIError, build_parser, main
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 
-# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
-# here the attention experiments' per-token readings fail the residual diagnostics by
-# construction. tests/test_diagnostics.py asserts the switch and its warning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
-    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
-]
-
-
 
 def test_demo_reaches_the_planted_rank(tmp_path, capsys):
     code = main(["demo", "--n-samples", "256", "--n-tokens", "16", "--n-features", "4",

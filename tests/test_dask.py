@@ -14,15 +14,6 @@ from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor  # noqa:
 from sklearn_ebound.datasets import make_attention_task, make_static_task  # noqa: E402
 from sklearn_ebound.experiments import rank_sweep  # noqa: E402
 
-# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
-# here the sequence data's per-token readings fail the residual diagnostics by construction.
-# tests/test_diagnostics.py asserts the switch and its warning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
-    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
-]
-
-
 
 @pytest.fixture(scope="module")
 def client():

@@ -10,15 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
-# here the attention examples' per-token readings fail the residual diagnostics by construction.
-# tests/test_diagnostics.py asserts the switch and its warning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
-    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
-]
-
-
 matplotlib = pytest.importorskip("matplotlib")
 torch = pytest.importorskip("torch")
 

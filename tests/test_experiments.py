@@ -14,15 +14,6 @@ from sklearn_ebound.experiments import (
     recovery_experiment,
 )
 
-# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
-# here the ladder's and sweeps' per-token readings fail the residual diagnostics by construction.
-# tests/test_diagnostics.py asserts the switch and its warning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
-    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
-]
-
-
 
 def test_static_rank_sweep_finds_the_knee_and_tracks_the_bound(tmp_path):
     X, Y, params = make_static_task(6000, 10, rank=3, singular_values=[2, 1, 0.5], noise=0.5,

@@ -23,15 +23,6 @@ from sklearn_ebound import (
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 
-# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
-# here the attention and extreme-value data here fail the residual diagnostics on purpose or by
-# construction. tests/test_diagnostics.py asserts the switch and its warning.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
-    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
-]
-
-
 STATIC = [ReducedRankRegressor, ReducedRankRegressorCV, IntrinsicRankEstimator]
 CRITERIA = ["threshold", "rsc", "energy", "cv"]
 
