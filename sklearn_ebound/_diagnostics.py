@@ -19,6 +19,7 @@ Gaussian data switch away from the Tracy–Widom calibration with probability at
 ``DIAGNOSTIC_LEVEL`` (1e-5). Pure functions of the residual rows: nothing here sets state.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,26 +218,34 @@ def _min_p(p_values, n_tests=None):
     return float(min(1.0, p_values.min() * (n_tests or p_values.size)))
 
 
-def _lm_test(design, target, total):
-    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on ``design`` with an
-    intercept, its degrees of freedom and chi-square p-value."""
-    n = design.shape[0]
-    mean = _column_means(design)
-    cross = design.T @ target  # the target is centred: no term of the design's mean
-    gram = design.T @ design - n * np.outer(mean, mean)
+def _lm_tests(designs, target, total):
+    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on each of ``designs`` (of
+    one shape) with an intercept, and their degrees of freedom: both as arrays, one entry per
+    design, the designs' Gram matrices factored in one batched call."""
+    n, k = designs[0].shape
+    ones = np.ones(n)
+    grams, crosses = [], []
+    for design in designs:
+        mean = (ones @ design) / n
+        # The target is centred: the design's mean drops from the cross-products.
+        crosses.append(design.T @ target)
+        grams.append(design.T @ design - n * np.outer(mean, mean))
+    grams, crosses = np.stack(grams), np.stack(crosses)
     # R^2 = cᵀ G⁻¹ c / total with G the centred design's Gram (pseudo-inverse where singular).
+    ridge = 1e-12 * np.trace(grams, axis1=1, axis2=2)[:, None, None] * np.eye(k)
     try:
-        factor = np.linalg.cholesky(gram + 1e-12 * np.trace(gram) * np.eye(gram.shape[0]))
-        half = np.linalg.solve(factor, cross)
-        df = gram.shape[0]
+        factor = np.linalg.cholesky(grams + ridge)
+        half = np.linalg.solve(factor, crosses[..., None])[..., 0]
+        explained = np.einsum("ij,ij->i", half, half)
+        df = np.full(len(designs), k)
     except np.linalg.LinAlgError:
-        values, vectors = np.linalg.eigh(gram)
-        keep = values > 1e-10 * values[-1]
-        half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
-        df = int(np.count_nonzero(keep))
-    r_squared = min(1.0, max(0.0, float(half @ half) / total))
-    statistic = n * r_squared
-    return statistic, df, float(special.chdtrc(df, statistic)) if df else 1.0
+        explained, df = np.empty(len(designs)), np.empty(len(designs), dtype=int)
+        for i, (gram, cross) in enumerate(zip(grams, crosses, strict=True)):
+            values, vectors = np.linalg.eigh(gram)
+            keep = values > 1e-10 * values[-1]
+            half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
+            explained[i], df[i] = half @ half, np.count_nonzero(keep)
+    return n * np.clip(explained / total, 0.0, 1.0), df
 
 
 def _heteroscedasticity(rows):
@@ -248,54 +257,51 @@ def _heteroscedasticity(rows):
     total = float(target @ target)
     if total <= 0 or z.shape[1] == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    linear = _lm_test(z, target, total)
-    square = _lm_test(z * z, target, total)
-    return {"statistic": max(linear[0], square[0]), "df": linear[1] + square[1],
-            "p_value": _min_p([linear[2], square[2]])}
+    statistic, df = _lm_tests((z, z * z), target, total)
+    p_values = np.where(df > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
+    return {"statistic": float(statistic.max()), "df": int(df.sum()),
+            "p_value": _min_p(p_values)}
 
 
-def _lagged_sums(columns, lags):
-    """``sum_t c_t c_{t-l}`` for ``l = 1..lags`` of every column."""
-    return np.array([np.einsum("ij,ij->j", columns[lag:], columns[:-lag])
-                     for lag in range(1, lags + 1)])
-
-
-def _serial_dependence(projections):
+def _serial_dependence(centred, square):
     """Portmanteau test of each projection over ``h`` lags, Bonferroni over projections.
 
     The lag-``l`` statistic is self-normalised, ``sum_t u_t u_{t-l} / sqrt(sum_t u_t^2
     u_{t-l}^2)``, standard normal for independent rows whatever their variances and tails
-    (the Ljung–Box form assumes both away, and rejects for heteroscedastic noise alone).
+    (the Ljung–Box form assumes both away, and rejects for heteroscedastic noise alone). The
+    sums run over the rows ``t >= h`` for every lag (one product of lagged views for all).
+    ``centred`` are the centred projections and ``square`` their squares.
     """
-    n = projections.shape[0]
+    n = centred.shape[0]
     lags = min(_MAX_LAGS, max(1, n // 10))
-    centred = projections - _column_means(projections)
-    products = _lagged_sums(centred, lags)
-    scales = _lagged_sums(centred * centred, lags)
+    # window[t, j, l] = u_{t + l}: the current row is l = lags, lag l is index lags - l.
+    window = np.lib.stride_tricks.sliding_window_view(centred, lags + 1, axis=0)
+    window_sq = np.lib.stride_tricks.sliding_window_view(square, lags + 1, axis=0)
+    products = np.einsum("tj,tjl->jl", window[:, :, lags], window[:, :, lags - 1::-1])
+    scales = np.einsum("tj,tjl->jl", window_sq[:, :, lags], window_sq[:, :, lags - 1::-1])
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(scales > 0, products / np.sqrt(np.clip(scales, 0, None)), 0.0)
-    statistic = np.sum(z**2, axis=0)
+    statistic = np.einsum("jl,jl->j", z, z)
     p_values = special.chdtrc(lags, statistic)
-    denominator = np.einsum("ij,ij->j", centred, centred)
-    lag_one = products[0] / np.where(denominator > 0, denominator, 1.0)
+    denominator = np.ones(n) @ square
+    lag_one = products[:, 0] / np.where(denominator > 0, denominator, 1.0)
     return {"statistic": float(statistic.max()), "lags": lags,
             "lag1_autocorrelation": float(lag_one[np.argmax(np.abs(lag_one))]),
             "p_value": _min_p(p_values)}
 
 
-def _group_dependence(projections, groups):
+def _group_dependence(centred, square, groups):
     """One-way analysis of variance of each projection across the groups (upper tail)."""
-    n = projections.shape[0]
+    n = centred.shape[0]
     counts = np.bincount(groups)
     n_groups = int(np.count_nonzero(counts))
     if n_groups < 2 or n_groups >= n:
         return None
-    centred = projections - _column_means(projections)
     sums = np.stack([np.bincount(groups, weights=c, minlength=counts.size) for c in centred.T],
                     axis=1)
     present = counts > 0
     between = np.sum(sums[present] ** 2 / counts[present, None], axis=0)
-    within = np.einsum("ij,ij->j", centred, centred) - between
+    within = np.ones(n) @ square - between
     df_between, df_within = n_groups - 1, n - n_groups
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(within > 0, (between / df_between) / (within / df_within), 0.0)
@@ -306,26 +312,25 @@ def _group_dependence(projections, groups):
 def _kurtosis_z(b2, n):
     """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` of ``n``
     normal values (the transform of scipy's ``kurtosistest``, whose call costs a fifth of a
-    fit here)."""
+    fit here; the constants, functions of ``n`` alone, in scalar arithmetic)."""
     mean = 3.0 * (n - 1) / (n + 1)
     variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
-    x = (b2 - mean) / np.sqrt(variance)
     root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
-                 * np.sqrt(6.0 * (n + 3) * (n + 5) / (n * (n - 2) * (n - 3))))
-    a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + np.sqrt(1 + 4.0 / root_beta**2))
-    denominator = 1 + x * np.sqrt(2 / (a - 4.0))
+                 * math.sqrt(6.0 * (n + 3) * (n + 5) / (n * (n - 2) * (n - 3))))
+    a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + math.sqrt(1 + 4.0 / root_beta**2))
+    denominator = 1 + (b2 - mean) * (math.sqrt(2 / (a - 4.0)) / math.sqrt(variance))
     with np.errstate(divide="ignore", invalid="ignore"):
         term = np.sign(denominator) * np.cbrt((1 - 2.0 / a) / np.abs(denominator))
-    return np.where(denominator == 0, -np.inf, (1 - 2 / (9.0 * a) - term) / np.sqrt(2 / (9.0 * a)))
+    z = (1 - 2 / (9.0 * a) - term) / math.sqrt(2 / (9.0 * a))
+    return np.where(denominator == 0, -np.inf, z)
 
 
-def _heavy_tails(projections):
+def _heavy_tails(centred, square):
     """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections."""
-    n = projections.shape[0]
-    centred = projections - _column_means(projections)
-    square = centred * centred
-    second = _column_means(square)
-    b2 = _column_means(square * square) / np.where(second > 0, second, 1.0) ** 2
+    n = centred.shape[0]
+    ones = np.ones(n)
+    second = (ones @ square) / n
+    b2 = ((ones @ (square * square)) / n) / np.where(second > 0, second, 1.0) ** 2
     p_values = special.ndtr(-_kurtosis_z(b2, n))
     return {"statistic": float(np.max(b2) - 3), "p_value": _min_p(p_values)}
 
@@ -353,14 +358,16 @@ def diagnose_residuals(rows, serial=True):
         return diagnostics
     if not np.any(projections):
         return diagnostics
+    centred = projections - _column_means(projections)
+    square = centred * centred
     diagnostics["heteroscedasticity"] = _heteroscedasticity(rows)
     if serial:
-        diagnostics["serial_dependence"] = _serial_dependence(projections)
+        diagnostics["serial_dependence"] = _serial_dependence(centred, square)
     if rows.groups is not None:
-        groups = _group_dependence(projections, rows.groups)
+        groups = _group_dependence(centred, square, rows.groups)
         if groups is not None:
             diagnostics["group_dependence"] = groups
-    diagnostics["heavy_tails"] = _heavy_tails(projections)
+    diagnostics["heavy_tails"] = _heavy_tails(centred, square)
     return diagnostics
 
 
