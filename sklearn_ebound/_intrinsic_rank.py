@@ -16,31 +16,44 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
+from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._attention_operators import check_attention_mask, check_lengths
 from ._dask import dask_statistics, is_dask_array
+from ._diagnostics import RowKeeper
 from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
     choose_statistics,
     criteria_table,
     new_statistics,
+    row_groups,
     statistic_rows,
 )
-from ._validation import check_same_sequence_shape, check_sequence_pair, check_sequences
+from ._validation import (
+    check_groups,
+    check_same_sequence_shape,
+    check_sequence_pair,
+    check_sequences,
+)
 from .exceptions import RankEstimationWarning
 
 __all__ = ["IntrinsicRankEstimator"]
 
 # Fitted attributes that only some statistics or criteria set.
-_OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_seen_")
+_OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_seen_",
+                        "noise_model_", "diagnostics_", "p_values_", "rank_interval_",
+                        "detection_limit_")
+# Reading attributes that come from a reading's field of the same name.
+_READING_ATTRIBUTES = ("noise_model", "diagnostics", "p_values", "rank_interval")
 # Attributes read from the solved statistics: after partial_fit they are computed when first
 # read (the solve is lazy), so that many small chunks cost no solve each.
 _READ_ATTRIBUTES = ("rank_", "singular_values_", "threshold_", "noise_variance_", "mean_",
                     "qk_kernel_", "logit_rms_", "cv_results_", "explained_energy_",
-                    "components_")
+                    "components_", "noise_model_", "diagnostics_", "p_values_",
+                    "rank_interval_", "detection_limit_")
 
 
 def _in_data_units(values, unit, scales):
@@ -112,10 +125,16 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           (Tracy–Widom edges: Johnstone's for white residuals, John's sphericity test deciding;
           for correlated residuals the larger rank of an edge relative to the residuals' own
           largest eigenvalue, El Karoui's laws, and of the canonical correlations against the
-          Jacobi edge). With too few residual degrees of freedom it warns; with none, and without
-          ``y``, it uses the Gavish–Donoho threshold with unknown noise. The user guide's "How
-          the threshold test works" gives the details. It is the default because it recovered
-          ``r*`` most reliably: 100% of the test suite's planted grid, and the best
+          Jacobi edge). With too few residual degrees of freedom it warns; with none (``rank(X) =
+          n_samples - 1``, as with more features than samples) the same sequential test runs
+          on the centred targets with the noise level of the Marchenko–Pastur median (each
+          step at about ``significance`` while the rank is small beside ``min(n_samples,
+          n_targets)``, conservative beyond), and warns; without ``y`` it uses the
+          Gavish–Donoho threshold with unknown noise. Where the residual diagnostics reject
+          the Gaussian, independent, homoscedastic noise the edges assume, the null is
+          resampled instead (``noise_model_``). The user guide's "How the threshold test
+          works" and "When the assumptions fail" give the details. It is the default because it
+          recovered ``r*`` most reliably: 100% of the test suite's planted grid, and the best
           exact-recovery rate of ``benchmarks/bench_recovery_accuracy.py`` against PCA-mle,
           optht, cross-validated grid search and AIC/BIC.
         - ``"rsc"``: Bunea, She & Wegkamp's rank selection criterion: singular values of the
@@ -147,6 +166,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Folds for ``criterion="cv"``.
     fit_intercept : bool, default=True
         Centre the data first.
+    random_state : int, RandomState instance or None, default=None
+        Seed of the resampled null (the bootstrap of ``criterion="threshold"`` where the
+        residual diagnostics fail); clean Gaussian data draw nothing. With ``None`` a switched
+        reading's p-values (rarely its rank) vary from fit to fit; pass an int to repeat them.
 
     Attributes
     ----------
@@ -173,6 +196,42 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Fraction of the operator's energy (squared singular values) carried by each component.
     cv_results_ : dict, only for ``criterion="cv"``
         ``"rank"`` and ``"mean_test_score"``/``"std_test_score"`` (negative mean squared error).
+    noise_model_ : str, only for ``criterion="threshold"`` with residual degrees of freedom
+        How the sequential test was calibrated: ``"gaussian"`` (the Tracy–Widom edges), or,
+        where the residual diagnostics reject what they assume, a resampled null:
+        ``"wild-bootstrap"`` (input-dependent variance, heavy tails: one Rademacher sign per
+        row), ``"group-bootstrap"`` (dependence within the groups: one sign per group),
+        ``"block-bootstrap"`` (dependence along the rows: an AR(1) prewhitening of the rows,
+        then one sign per block of contiguous rows). A
+        :class:`~sklearn_ebound.exceptions.RankEstimationWarning` names the failed assumption
+        and the path taken. The user guide's "When the assumptions fail" gives the details.
+    diagnostics_ : dict, only for 2-D statistics with ``criterion="threshold"``
+        The residual diagnostics: for ``"heteroscedasticity"`` (Koenker's Breusch–Pagan test
+        on the inputs and their squares), ``"serial_dependence"`` (Ljung–Box),
+        ``"group_dependence"`` (analysis of variance across ``groups``) and ``"heavy_tails"``
+        (D'Agostino's kurtosis test) a dict with ``"statistic"`` and ``"p_value"``;
+        ``"failed"`` the rejected ones, each at ``level / 4`` (``level`` = 1e-5: clean Gaussian
+        data switch with at most that probability); ``"n_rows"`` the rows tested (the first
+        1,024).
+    p_values_ : ndarray, only where ``noise_model_`` is set
+        P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
+        are accepted (``rank_`` is the number of leading p-values at most ``significance``).
+        The tests run past ``rank_`` up to the first direction whose p-value reaches
+        ``P(TW1 > 0)`` (about 0.17).
+    rank_interval_ : tuple of int, only where ``noise_model_`` is set
+        ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
+        ``significance``. ``low = rank_``; ``high`` counts the leading directions whose
+        p-value is below ``P(TW1 > 0)``: they stand above the centre of the noise's edge, as a
+        direction above the detection limit does, without being significant. Where the energy
+        cap of an approximate attention model set the rank (below what the noise test passed),
+        ``(rank_, rank_)``.
+    detection_limit_ : float, only where ``noise_model_`` is set
+        The smallest population singular value, in the units of ``singular_values_``, that
+        this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the
+        phase transition ``sigma (rank(X) q)^{1/4} / sqrt(n)`` (Baik, Ben Arous & Péché 2005),
+        ``sigma^2`` the noise variance per entry (resampled, for a resampled null). A direction
+        weaker than it is invisible here whatever the level; for canonical correlations, the
+        correlation below which a direction sinks into the noise (Bao et al. 2019).
     mean_ : ndarray of shape (n_features,)
     n_features_in_ : int
     feature_names_in_ : ndarray of str
@@ -208,10 +267,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "tau": [Interval(Real, 0, 1, closed="right")],
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],
+        "random_state": ["random_state"],
     }
 
     def __init__(self, operator="auto", *, attention="softmax", value=None, mask=None,
-                 criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True):
+                 criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True,
+                 random_state=None):
         self.operator = operator
         self.attention = attention
         self.value = value
@@ -221,9 +282,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.tau = tau
         self.cv = cv
         self.fit_intercept = fit_intercept
+        self.random_state = random_state
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y=None, lengths=None):
+    def fit(self, X, y=None, groups=None, lengths=None):
         """Estimate the intrinsic rank.
 
         Parameters
@@ -233,6 +295,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         y : array-like of shape (n_samples, n_targets) or (n_samples, n_tokens, n_targets), \
                 default=None
             Targets; without them the rank of ``X`` itself is read (2-D data only).
+        groups : array-like of shape (n_samples,), default=None
+            Group labels of the samples (subjects, sessions, documents), as scikit-learn's
+            group splitters take them: rows of one group may be dependent, rows of different
+            groups are not. The residual diagnostics test the dependence within them, the
+            resampled null keeps it (``noise_model_="group-bootstrap"``) and
+            ``criterion="cv"`` splits by them (:class:`~sklearn.model_selection.GroupKFold`
+            for an integer ``cv``). The tokens of 3-D sequences are grouped by sequence
+            without it; with it, by the sequences' groups.
         lengths : array-like of shape (n_samples,), default=None
             For padded sequences (attention only): sequence ``s`` holds ``lengths[s]`` tokens
             followed by padding, which is neither query nor key and whose values are ignored.
@@ -248,14 +318,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             if self.criterion == "cv":
                 raise ValueError(f"{CV_NEEDS_ALL_DATA}; with dask arrays use 'threshold', "
                                  "'rsc' or 'energy'.")
-            self._accumulate_dask(X, y)
+            self._accumulate_dask(X, y, groups)
             return self._read()
-        self._accumulate(X, y, min_samples=2, lengths=lengths)
+        groups = self._accumulate(X, y, min_samples=2, groups=groups, lengths=lengths)
         if self.criterion == "cv":
-            return self._read(cv_data=self._cv_data(X, y))
+            return self._read(cv_data=(*self._cv_data(X, y), groups))
         return self._read()
 
-    def partial_fit(self, X, y=None, lengths=None):
+    def partial_fit(self, X, y=None, groups=None, lengths=None):
         """Add a chunk of data; the rank is read from everything seen so far when first asked.
 
         The accumulated moments equal those of one :meth:`fit` on all the chunks (to rounding),
@@ -267,10 +337,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         ``rank_`` is not set. ``criterion="cv"`` needs all the data at once and is not
         available.
 
+        The residual diagnostics and the resampled null need rows, which moments do not keep:
+        the first 20,000 rows (tokens, for sequences) are kept for them, in the order they
+        came. Their residuals are those of the operator of all the chunks, and a resampled
+        null is rescaled to all the rows; dependence along the rows is then resampled in
+        blocks without the prewhitening that :meth:`fit` applies. The same holds for dask
+        arrays in :meth:`fit`, with the rows of the first block.
+
         Parameters
         ----------
         X, y : array-like
             As in :meth:`fit`; every chunk must have the same number of features (and tokens).
+        groups : array-like of shape (n_samples,), default=None
+            As in :meth:`fit`; a label means the same group in every chunk.
         lengths : array-like of shape (n_samples,), default=None
             As in :meth:`fit`.
 
@@ -284,7 +363,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             raise ValueError(f"{CV_NEEDS_ALL_DATA}; use fit, or another criterion with "
                              "partial_fit.")
-        self._accumulate(X, y, min_samples=1, lengths=lengths)
+        self._accumulate(X, y, min_samples=1, groups=groups, lengths=lengths)
         stats = self._statistics
         self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
         for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
@@ -340,7 +419,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     # --- input plumbing: validation, dask, scaling ----------------------------------------
 
-    def _accumulate(self, X, y, min_samples, lengths=None):
+    def _accumulate(self, X, y, min_samples, groups=None, lengths=None):
+        """Add a chunk to the statistics (and its rows to the kept ones); returns the chunk's
+        validated ``groups``."""
         first = self._statistics is None
         if first:
             self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
@@ -354,6 +435,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if attention:
             check_attention_mask(self.mask, X2.shape[1])  # a clear error before any work
             lengths = check_lengths(lengths, X2.shape[0], X2.shape[1])
+        groups = check_groups(groups, X2.shape[0])
         if first:
             self._statistics, self._scales = new_statistics(
                 self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept,
@@ -361,11 +443,24 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self._fit_mode == "kernel":
             self._statistics.update(X2, Y2, lengths)
         else:
-            self._statistics.update(*statistic_rows(self._fit_mode, X2, Y2, self.attention,
-                                                    self.mask, lengths))
+            rows = statistic_rows(self._fit_mode, X2, Y2, self.attention, self.mask, lengths)
+            self._keep_rows(X2, rows, groups, lengths)
+            self._statistics.update(*rows)
+        self._samples_seen += X2.shape[0]
+        return groups
+
+    def _keep_rows(self, X2, rows, groups, lengths=None):
+        """Keep the rows of the 2-D statistics (and their groups) for the diagnostics."""
+        if self._fit_mode in ("inputs", "kernel") or self.criterion != "threshold":
+            return
+        # Sequences of earlier chunks are labelled from the number of samples seen so far.
+        self._rows.add(*rows, row_groups(self._fit_mode, X2, groups, self._samples_seen,
+                                         lengths))
 
     def _reset(self):
         self._statistics = None
+        self._rows = RowKeeper()
+        self._samples_seen = 0
         self._unread = False
         for name in _READ_ATTRIBUTES:
             self.__dict__.pop(name, None)
@@ -402,15 +497,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             check_same_sequence_shape(X, Y, self.n_features_in_, *self._sequence_shape)
         return X, Y
 
-    def _accumulate_dask(self, X, y):
+    def _accumulate_dask(self, X, y, groups):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
         self._fit_mode = mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
         attention = self.attention
+        groups = check_groups(groups, X.shape[0])
 
         def start(first_x, first_y):  # validates and sizes from the first block
+            X2, Y2 = self._validate_chunk(first_x, first_y, True)
             statistics, self._scales = new_statistics(
-                mode, *self._validate_chunk(first_x, first_y, True), attention, self.value,
-                self.fit_intercept, mask=self.mask)
+                mode, X2, Y2, attention, self.value, self.fit_intercept, mask=self.mask)
+            # The first block's rows are kept for the diagnostics (the rest stay on workers).
+            self._keep_rows(X2, statistic_rows(mode, X2, Y2, attention, self.mask),
+                            None if groups is None else groups[: X2.shape[0]])
             return statistics
 
         def add(statistics, xb, yb):
@@ -431,11 +530,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _read(self, cv_data=None):
         """Read the rank by the criterion's rule and set every fitted attribute from it."""
+        n_rows = getattr(self._statistics, "n", 0)
         reading, s, components, mean, kernel = read_rank(
             self._fit_mode, self._statistics, self.criterion, significance=self.significance,
             tau=self.tau, attention=self.attention, cv=self.cv, cv_data=cv_data,
             fit_intercept=self.fit_intercept,
-            n_tokens=self._sequence_shape[0] if self._sequences else None)
+            n_tokens=self._sequence_shape[0] if self._sequences else None,
+            sample=self._rows.sample(n_rows), rng=check_random_state(self.random_state))
         self._set_fitted_attributes(reading, s, components, mean, kernel)
         for caveat in filter(None, [*reading.caveats, self._overflow_caveat()]):
             warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
@@ -455,6 +556,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             if kernel is not None:
                 self.qk_kernel_ = _in_data_units(kernel.kernel, "kernel", scales)
                 self.logit_rms_ = kernel.logit_rms
+            for name in _READING_ATTRIBUTES:
+                if getattr(reading, name) is not None:
+                    setattr(self, f"{name}_", getattr(reading, name))
+            if reading.detection_limit is not None:
+                self.detection_limit_ = float(
+                    _in_data_units(reading.detection_limit, reading.unit, scales))
             if reading.cv_results is not None:
                 self.cv_results_ = {
                     "rank": reading.cv_results["rank"],

@@ -65,6 +65,9 @@ class StaticOperator:
         Residual degrees of freedom ``n - 1 - input_rank`` (``n - input_rank`` uncentred).
     target_energy : float
         ``trace(Cyy)``, the scale below which the residual cannot be resolved.
+    input_basis : ndarray of shape (p, input_rank) or None
+        ``W`` with ``Wᵀ Cxx W = I``: the centred inputs times ``W`` are orthonormal columns
+        spanning them (``None`` with ridge).
     """
 
     coef: np.ndarray
@@ -74,6 +77,7 @@ class StaticOperator:
     residual: np.ndarray
     residual_dof: int
     target_energy: float
+    input_basis: np.ndarray | None = None
 
     def noise_variance(self):
         """Residual variance per target entry, ``trace(residual) / (dof * q)``.
@@ -127,6 +131,7 @@ def solve_static(moments, alpha=0.0):
         residual=residual,
         residual_dof=moments.dof - input_rank,
         target_energy=float(np.trace(moments.yy)),
+        input_basis=None if alpha > 0 else W,
     )
 
 

@@ -17,7 +17,7 @@ from functools import cached_property, lru_cache
 from numbers import Integral, Real
 
 import numpy as np
-from scipy import integrate, stats
+from scipy import integrate, special, stats
 from scipy.integrate import trapezoid
 from scipy.optimize import brentq
 from scipy.special import airy
@@ -28,6 +28,10 @@ __all__ = [
     "DEFAULT_LEVEL",
     "tracy_widom_quantile",
     "tracy_widom_sf",
+    "tracy_widom_p_value",
+    "white_edge_law",
+    "canonical_edge_law",
+    "null_ratio_sf",
     "null_edge_white",
     "null_edge_canonical",
     "null_edge_correlated",
@@ -82,6 +86,18 @@ def null_edge_canonical(n_inputs, n_outputs, dof, level=DEFAULT_LEVEL):
     when the residual degrees of freedom cannot estimate the noise (``dof <= n_inputs +
     n_outputs``, where every canonical correlation is forced towards 1).
     """
+    law = canonical_edge_law(n_inputs, n_outputs, dof)
+    if law is None:
+        return None
+    mu, sigma = law
+    logit = mu + tracy_widom_quantile(level) * sigma
+    return 1 / (1 + np.exp(-logit))
+
+
+def canonical_edge_law(n_inputs, n_outputs, dof):
+    """Centring and scale ``(mu, sigma)`` of the logit of the largest squared canonical
+    correlation of pure noise (Johnstone 2008, see :func:`null_edge_canonical`): it is about
+    ``mu + sigma TW1``. ``None`` where the residual degrees of freedom are too few."""
     p = n_outputs
     n_h = n_inputs
     m = dof - n_inputs  # error degrees of freedom
@@ -96,8 +112,7 @@ def null_edge_canonical(n_inputs, n_outputs, dof, level=DEFAULT_LEVEL):
         return None
     mu = 2 * np.log(np.tan((phi + gamma) / 2))
     sigma = (16 / total**2 / (np.sin(phi + gamma) ** 2 * np.sin(phi) * np.sin(gamma))) ** (1 / 3)
-    logit = mu + tracy_widom_quantile(level) * sigma
-    return 1 / (1 + np.exp(-logit))
+    return mu, sigma
 
 
 def null_edge_white(n_rows, n_cols, level=DEFAULT_LEVEL):
@@ -108,12 +123,33 @@ def null_edge_white(n_rows, n_cols, level=DEFAULT_LEVEL):
     ``mu + sigma * TW1`` with ``mu = (sqrt(n - 1/2) + sqrt(p - 1/2))^2`` and
     ``sigma = sqrt(mu) (1/sqrt(n - 1/2) + 1/sqrt(p - 1/2))^{1/3}`` (``n >= p`` the two sides).
     """
+    mu, sigma = white_edge_law(n_rows, n_cols)
+    if sigma == 0:
+        return 0.0
+    return mu + tracy_widom_quantile(level) * sigma
+
+
+def white_edge_law(n_rows, n_cols):
+    """Johnstone's (2001) centring and scale ``(mu, sigma)`` of the largest squared singular
+    value of an ``n_rows x n_cols`` unit Gaussian matrix (see :func:`null_edge_white`);
+    ``(0, 0)`` for an empty matrix."""
     n, p = max(n_rows, n_cols) - 0.5, min(n_rows, n_cols) - 0.5
     if p <= 0:
-        return 0.0
+        return 0.0, 0.0
     root_mu = np.sqrt(n) + np.sqrt(p)
     sigma = root_mu * (1 / np.sqrt(n) + 1 / np.sqrt(p)) ** (1 / 3)
-    return root_mu**2 + tracy_widom_quantile(level) * sigma
+    return root_mu**2, sigma
+
+
+def tracy_widom_p_value(x, exact=False):
+    """``P(TW1 > x)``: Chiani's gamma form, or with ``exact`` (and between 1e-10 and 0.05) the
+    exact distribution function of :func:`tracy_widom_quantile`, so that a p-value and an
+    edge at the same level agree (the two differ by about 1e-4 at those levels)."""
+    approximate = float(special.gammaincc(_TW1_GAMMA_SHAPE, max(0.0, (float(x) + _TW1_GAMMA_SHIFT)
+                                                                 / _TW1_GAMMA_SCALE)))
+    if not (exact and 1e-10 < approximate < 0.05):
+        return approximate
+    return 1.0 - _tracy_widom_cdf(float(x))
 
 
 # 95% quantile of the standard normal law.
@@ -340,6 +376,28 @@ def _ratio_quantile(numerator, x, density, level):
     while excess(high) > 0:
         high *= 2
     return brentq(excess, 0.0, high, xtol=1e-10 * high)
+
+
+def null_ratio_sf(numerator, denominator, ratio):
+    """``P(A / B > ratio)`` for independent largest eigenvalues ``A`` and ``B`` with the laws
+    ``numerator`` and ``denominator``: the p-value of an observed ratio, the converse of
+    :func:`null_edge_ratio`."""
+    mean = denominator.mean
+    if mean <= 0:
+        raise ValueError("The denominator's law must have a positive mean.")
+    if numerator.sigma <= 0 and numerator.spike_sd <= 0:
+        return float(ratio * mean < numerator.mu)
+    scale = max(numerator.mu, numerator.spike_mean)
+    law = numerator.scaled(1 / scale)
+    x, density = denominator.support()
+    x, density = x / mean, density * mean
+    t = ratio * mean / scale
+    if x.size == 1:
+        return float(law.sf(t * x[0]))
+    positive = x > 0
+    x, density = x[positive], density[positive]
+    density = density / trapezoid(density, x)
+    return float(np.clip(trapezoid(law.sf(t * x) * density, x), 0.0, 1.0))
 
 
 def edge_matched_noise_covariance(residual, dof):

@@ -11,26 +11,42 @@ names the unit its spectrum and cut are in, so the estimator can express them in
 """
 
 from dataclasses import dataclass, field, replace
+from numbers import Integral
 
 import numpy as np
+from sklearn.model_selection import GroupKFold
 
+from ._diagnostics import (
+    ASSUMPTIONS,
+    DIAGNOSTIC_ROWS,
+    diagnose_residuals,
+    failed_assumptions,
+    residual_rows,
+)
 from ._least_squares import (
     canonical_correlations,
     input_spectrum,
     orthonormal_directions,
     solve_static,
 )
+from ._moments import Moments
 from ._null_edges import (
+    canonical_edge_law,
     edge_matched_noise_covariance,
     largest_eigenvalue_law,
+    marchenko_pastur_median,
     null_edge_canonical,
     null_edge_correlated,
     null_edge_ratio,
     null_edge_white,
+    null_ratio_sf,
     optimal_hard_threshold,
     residuals_look_white,
+    tracy_widom_p_value,
+    white_edge_law,
 )
 from ._reduced_rank import rank_path_scores
+from ._resampled_null import NOISE_MODELS, ResampledNull, block_length, multiplier_clusters
 from ._spectrum import energy_rank
 
 __all__ = [
@@ -39,6 +55,10 @@ __all__ = [
     "RankReading",
     "fitted_spectrum",
     "threshold_rule",
+    "calibrated_threshold_rule",
+    "resampled_threshold_rule",
+    "sequential_p_values",
+    "detection_limit",
     "rsc_rule",
     "cv_rule",
     "energy_rule",
@@ -53,13 +73,15 @@ __all__ = [
 
 
 def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
-              cv_data=None, n_tokens=None):
+              cv_data=None, n_tokens=None, sample=None, rng=None):
     """Solve the statistics ``name`` (of :mod:`._rank_statistics`) and read their rank.
 
     Returns the :class:`RankReading`, the spectrum whose energy the components carry, the
     orthonormal input directions of the rank (rows), the input means, and the kernel's least
     squares (``None`` but for ``name="kernel"``). ``cv_data`` is the ``(X, Y)`` of
-    ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data.
+    ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data, ``sample`` the
+    rows kept for the residual diagnostics (:class:`._diagnostics.RowSample`) and ``rng`` the
+    generator of their resampling.
     """
     kernel = None
     if name == "kernel":
@@ -79,9 +101,14 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             directions = directions[:, : reading.rank]
         else:
             operator = solve_static(statistics)
+            if criterion == "threshold":
+                reading, operator = calibrated_threshold_rule(
+                    statistics, operator, significance, sample, rng,
+                    expected=EXPECTED_FAILURES.get(name, ()))
+            else:
+                reading = static_rule(criterion, statistics, operator, significance, tau,
+                                      cv_data, cv, fit_intercept)
             s = fitted_spectrum(operator)
-            reading = static_rule(criterion, statistics, operator, significance, tau, cv_data,
-                                  cv, fit_intercept)
             # Input directions of the rank-r operator B V_r, the reduced-rank factors.
             directions = operator.coef @ operator.output_directions[:, : reading.rank]
         components = orthonormal_directions(directions)
@@ -95,7 +122,11 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
     # its error is systematic, so the threshold's rank is capped by the energy of what passed.
     approximate = name == "per_token" or (name == "kernel" and not exact)
     if approximate and criterion == "threshold":
+        tested = reading.rank
         reading = cap_by_energy(reading, s, tau)
+        if reading.rank < tested and reading.rank_interval is not None:
+            # The cap, not the noise test, set the rank: the test's interval does not apply.
+            reading = replace(reading, rank_interval=(reading.rank, reading.rank))
         if name == "per_token":
             caveats.append(short_sequence_caveat(n_tokens, tau))
     reading = replace(reading, caveats=tuple(c for c in caveats if c))
@@ -126,6 +157,16 @@ class RankReading:
         Per-rank cross-validation scores (``cv_rule``).
     caveats : tuple of str
         Assumptions the data strain, for the estimator to warn about.
+    noise_model : str or None
+        The calibration of the test (a key of :data:`._resampled_null.NOISE_MODELS`).
+    diagnostics : dict or None
+        The residual diagnostics (:func:`._diagnostics.diagnose_residuals`).
+    p_values : ndarray or None
+        P-value of each tested direction (sequential tests only).
+    rank_interval : tuple of int or None
+        ``(low, high)``, the ranks the tests cannot tell apart.
+    detection_limit : float or None
+        Smallest detectable population singular value, in the units of ``singular_values``.
     """
 
     rank: int
@@ -135,6 +176,11 @@ class RankReading:
     noise_variance: float | None = None
     cv_results: dict | None = None
     caveats: tuple = field(default=())
+    noise_model: str | None = None
+    diagnostics: dict | None = None
+    p_values: np.ndarray | None = None
+    rank_interval: tuple | None = None
+    detection_limit: float | None = None
 
 
 def fitted_spectrum(operator):
@@ -202,13 +248,17 @@ def _one_standard_error_rank(ranks, scores):
     return int(ranks[np.flatnonzero(mean >= mean[best] - sem[best])[0]])
 
 
-def cv_rule(moments, operator, X, Y, cv, fit_intercept):
+def cv_rule(moments, operator, X, Y, groups=None, *, cv, fit_intercept):
     """K-fold cross-validation over the reduced-rank path of ``(X, Y)`` (the data the moments
-    were taken of), smallest rank within one standard error of the best."""
+    were taken of), smallest rank within one standard error of the best. With ``groups`` an
+    integer ``cv`` is :class:`~sklearn.model_selection.GroupKFold` (no group on both sides of
+    a split), and a splitter gets them."""
     n_features, n_targets = moments.xy.shape
     ranks = np.arange(min(n_features, n_targets) + 1)
+    if groups is not None and isinstance(cv, Integral):
+        cv = GroupKFold(n_splits=cv)
     scores = rank_path_scores(X, Y, ranks, cv=cv, scoring="neg_mean_squared_error",
-                              fit_intercept=fit_intercept)
+                              fit_intercept=fit_intercept, groups=groups)
     cv_results = {"rank": ranks, "mean_test_score": scores.mean(axis=0),
                   "std_test_score": scores.std(axis=0)}
     return RankReading(_one_standard_error_rank(ranks, scores),
@@ -244,6 +294,10 @@ def threshold_rule(moments, operator, significance):
       powerful when the signal lies where the noise is weak; it needs
       ``dof > n_targets``.
 
+    The reading carries the p-value of each tested direction under the test whose spectrum
+    it reports, the interval of ranks they cannot tell apart (:func:`rank_interval`) and the
+    detection limit (:func:`detection_limit`).
+
     Without residual degrees of freedom the Gavish–Donoho threshold with unknown noise.
     """
     s = fitted_spectrum(operator)
@@ -253,18 +307,16 @@ def threshold_rule(moments, operator, significance):
     dof = operator.residual_dof
     k_x = max(operator.input_rank, 1)
     if dof < 1:
-        cut = optimal_hard_threshold(s, shape=(k_x, n_targets)) if s.size else 0.0
-        caveat = ("No residual degrees of freedom: the noise level is estimated from the median "
-                  "singular value, which assumes the rank is small.")
-        return RankReading(int(np.sum(s > cut)), spectrum, cut / np.sqrt(moments.n),
-                           caveats=(caveat,))
+        return _no_residual_rule(s, k_x, n_targets, moments.n, significance)
     noise_variance = operator.noise_variance()
-    reading = RankReading(0, spectrum, noise_variance=noise_variance)
+    limit = detection_limit(noise_variance, k_x, n_targets, moments.n)
+    reading = RankReading(0, spectrum, noise_variance=noise_variance, noise_model="gaussian",
+                          detection_limit=limit)
     white = residuals_look_white(operator.residual, dof)
     if white:
-        edge = _white_edge(operator, np.sqrt(noise_variance), k_x, n_targets, level)
+        edge, p_value = _white_edge(operator, np.sqrt(noise_variance), k_x, n_targets, level)
     else:
-        edge = _correlated_edge(operator, k_x, level)
+        edge, p_value = _correlated_edge(operator, k_x, level)
     rank, cut = _sequential_count(s**2, edge)
     if not white:
         whitened = _canonical_rank(moments, level)
@@ -274,16 +326,113 @@ def threshold_rule(moments, operator, significance):
                       "covariance is a shrinkage estimate and the test's level is approximate.")
             reading = replace(reading, caveats=(caveat,))
         elif whitened[0] > rank:
-            rank, rho, cut = whitened
+            rank, rho, cut, rho_p_value = whitened
+            p_values, interval = sequential_p_values(rho**2, rho_p_value, rank, significance)
             # Canonical correlations have no unit.
             return replace(reading, rank=rank, singular_values=rho, unit=None,
-                           threshold=float(np.sqrt(cut)) if cut is not None else None)
+                           threshold=float(np.sqrt(cut)) if cut is not None else None,
+                           p_values=p_values, rank_interval=interval,
+                           detection_limit=canonical_detection_limit(k_x, n_targets, moments.dof))
     threshold = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
-    return replace(reading, rank=rank, threshold=threshold)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    return replace(reading, rank=rank, threshold=threshold, p_values=p_values,
+                   rank_interval=interval)
+
+
+def _no_residual_rule(s, k_x, n_targets, n_samples, significance):
+    """The sequential white test where no residual degrees of freedom are left (``rank(X) =
+    n - 1``, as with more inputs than samples): the fitted values are the centred targets
+    themselves, and the noise level is that which puts the median singular value at the
+    Marchenko–Pastur median of a ``rank(X) x q`` noise matrix (Gavish & Donoho's estimate).
+    Each test then has about the level ``significance`` as long as the rank is small beside
+    ``min(rank(X), q)`` (the median is then a noise value); beyond that the estimate grows,
+    and the test becomes conservative."""
+    spectrum = s / np.sqrt(n_samples)
+    caveat = ("No residual degrees of freedom: the noise level is estimated from the median "
+              "singular value, which assumes the rank is small.")
+    m, n = sorted((k_x, n_targets))
+    if s.size < m or not np.median(s) > 0:
+        cut = optimal_hard_threshold(s, shape=(k_x, n_targets)) if s.size else 0.0
+        return RankReading(int(np.sum(s > cut)), spectrum, cut / np.sqrt(n_samples),
+                           caveats=(caveat,))
+    sigma = np.median(s[:m]) / np.sqrt(n * marchenko_pastur_median(m / n))
+    level = 1.0 - significance
+
+    def edge(k):
+        return sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
+
+    def p_value(k, value, exact=False):
+        mu, scale = white_edge_law(k_x - k, n_targets - k)
+        if scale <= 0:
+            return float(value <= 0)
+        return tracy_widom_p_value((value / sigma**2 - mu) / scale, exact)
+
+    rank, cut = _sequential_count(s**2, edge)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    threshold = float(np.sqrt(cut / n_samples)) if cut is not None else 0.0
+    return RankReading(rank, spectrum, threshold, noise_variance=float(sigma**2),
+                       caveats=(caveat,), noise_model="gaussian", p_values=p_values,
+                       rank_interval=interval,
+                       detection_limit=detection_limit(sigma**2, k_x, n_targets, n_samples))
+
+
+# A direction whose p-value is below this stands above the centre of the noise's edge: the
+# chance that TW1 exceeds its centring, P(TW1 > 0) = tracy_widom_p_value(0.0) (a test checks).
+INDISTINCT_LEVEL = 0.16809193379705223
+
+
+def sequential_p_values(values, p_value, rank, significance, stop=INDISTINCT_LEVEL):
+    """P-values ``p_value(k, values[k])`` of the sequential tests, and the interval of ranks
+    they cannot tell apart (:func:`rank_interval`). ``p_value(k, value, exact=True)`` is asked
+    for where the fast one disagrees with ``rank`` (read from the edges at ``significance``).
+
+    The tests run past ``rank`` until a direction's p-value reaches ``stop``: the interval's
+    upper end counts the leading directions that stand above the centre of the noise's edge.
+    """
+    p_values = []
+    for k, value in enumerate(values):
+        p_values.append(p_value(k, value))
+        if (k < rank) != (p_values[-1] <= significance):
+            # Near the level an approximate p-value may disagree with the edge: the exact one.
+            p_values[-1] = p_value(k, value, exact=True)
+        if k >= rank and p_values[-1] >= stop:
+            break
+    p_values = np.asarray(p_values, dtype=np.float64)
+    return p_values, rank_interval(p_values, rank, stop)
+
+
+def rank_interval(p_values, rank, stop=INDISTINCT_LEVEL):
+    """Ranks the sequential tests cannot tell apart: from ``rank`` (the directions significant
+    at the level) to the number of leading directions whose p-value is below ``stop``
+    (``P(TW1 > 0)``, about 0.17: they stand above the centre of the noise's edge, where the
+    population value of a direction at the detection limit puts it)."""
+    p_values = np.asarray(p_values)
+    high = int(np.argmax(p_values >= stop)) if np.any(p_values >= stop) else len(p_values)
+    return int(rank), int(max(rank, high))
+
+
+def detection_limit(noise_variance, n_inputs, n_targets, n_samples):
+    """Smallest population singular value (in the units of ``fitted / sqrt(n)``) that noise of
+    variance ``noise_variance`` per entry lets the fitted values show: the phase transition
+    ``sigma (rank(X) q)^{1/4} / sqrt(n)`` of a rank-one signal in a ``rank(X) x q`` noise
+    matrix (Baik, Ben Arous & Péché 2005; Benaych-Georges & Nadakuditi 2012). Below it a
+    direction's sample value sinks into the noise's bulk whatever the level."""
+    return float(np.sqrt(noise_variance) * (n_inputs * n_targets) ** 0.25 / np.sqrt(n_samples))
+
+
+def canonical_detection_limit(n_inputs, n_outputs, dof):
+    """The detection limit in canonical correlations: a population correlation ``rho`` shows
+    in the sample ones when ``rho^2 > sqrt(c1 c2 / ((1 - c1) (1 - c2)))``, ``c1, c2`` the two
+    dimensions over the degrees of freedom (Bao, Hu, Pan & Zhou 2019)."""
+    c1, c2 = n_inputs / dof, n_outputs / dof
+    if c1 >= 1 or c2 >= 1:
+        return 1.0
+    return float(min(1.0, (c1 * c2 / ((1 - c1) * (1 - c2))) ** 0.25))
 
 
 def _white_edge(operator, sigma, k_x, n_targets, level):
-    """Edge ``edge(k)`` of the squared singular values for white residuals of level ``sigma``."""
+    """Edge ``edge(k)`` of the squared singular values for white residuals of level ``sigma``,
+    and the p-value ``p_value(k, value)`` of a squared singular value at step ``k``."""
     # Sphericity kept does not make the noise exactly white: mild correlation widens the
     # edge. The shape matched to the largest residual eigenvalue says by how much (1 when
     # white noise of the same level explains it).
@@ -296,11 +445,19 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
 
-    return edge
+    def p_value(k, value, exact=False):
+        mu, scale = white_edge_law(k_x - k, n_targets - k)
+        unit = widening * sigma**2
+        if scale <= 0 or unit <= 0:
+            return float(value <= 0)
+        return tracy_widom_p_value((value / unit - mu) / scale, exact)
+
+    return edge, p_value
 
 
 def _correlated_edge(operator, k_x, level):
-    """Edge ``edge(k)`` of the squared singular values relative to the residuals'."""
+    """Edge ``edge(k)`` of the squared singular values relative to the residuals', and the
+    p-value ``p_value(k, value)`` of a squared singular value at step ``k``."""
     dof = operator.residual_dof
     values, vectors = edge_matched_noise_covariance(operator.residual, dof)
     # Noise covariance and residual cross-products in the basis of the output directions:
@@ -309,26 +466,39 @@ def _correlated_edge(operator, k_x, level):
     basis = vectors.T @ directions
     noise = (basis.T * values) @ basis
     residual = directions.T @ operator.residual @ directions
+    laws = {}
+
+    def step(k):
+        if k not in laws:
+            shape = np.linalg.eigvalsh(noise[k:, k:])
+            observed = np.linalg.eigvalsh(residual[k:, k:])[-1]
+            # A noise spike's eigenvalue fluctuates more than TW1: its own law for the observed
+            # one, whose low draws would otherwise pass for signal; El Karoui's law over all
+            # eigenvalues (conservative above) for the fitted values.
+            fitted_law = largest_eigenvalue_law(shape, k_x - k, detach_spike=False)
+            residual_law = largest_eigenvalue_law(shape, dof)
+            laws[k] = observed, fitted_law, residual_law
+        return laws[k]
 
     def edge(k):
-        shape = np.linalg.eigvalsh(noise[k:, k:])
-        observed = np.linalg.eigvalsh(residual[k:, k:])[-1]
-        # A noise spike's eigenvalue fluctuates more than TW1: its own law for the observed
-        # one, whose low draws would otherwise pass for signal; El Karoui's law over all
-        # eigenvalues (conservative above) for the fitted values.
-        fitted_law = largest_eigenvalue_law(shape, k_x - k, detach_spike=False)
-        residual_law = largest_eigenvalue_law(shape, dof)
+        observed, fitted_law, residual_law = step(k)
         if observed <= 0 or residual_law.mean <= 0:
             return 0.0  # no noise left in these directions
         return observed * null_edge_ratio(fitted_law, residual_law, level)
 
-    return edge
+    def p_value(k, value, exact=False):  # consistent with the edge as it is
+        observed, fitted_law, residual_law = step(k)
+        if observed <= 0 or residual_law.mean <= 0:
+            return float(value <= 0)
+        return null_ratio_sf(fitted_law, residual_law, value / observed)
+
+    return edge, p_value
 
 
 def _canonical_rank(moments, level):
     """Sequential test of the canonical correlations against the Jacobi edge: the rank,
-    the correlations and the squared cut; ``None`` where the residual degrees of freedom
-    cannot estimate the noise covariance."""
+    the correlations, the squared cut and the p-value ``p_value(k, rho^2)``; ``None`` where
+    the residual degrees of freedom cannot estimate the noise covariance."""
     rho, x_rank, y_rank = canonical_correlations(moments)
     if rho.size == 0 or null_edge_canonical(x_rank, y_rank, moments.dof, level) is None:
         return None
@@ -336,8 +506,75 @@ def _canonical_rank(moments, level):
     def edge(k):  # removing k roots leaves k fewer dimensions on each side
         return null_edge_canonical(x_rank - k, y_rank - k, moments.dof - k, level)
 
+    def p_value(k, value, exact=False):
+        law = canonical_edge_law(x_rank - k, y_rank - k, moments.dof - k)
+        if law is None or not 0 < value < 1:
+            return float(value <= 0) if law is not None else 1.0
+        mu, scale = law
+        return tracy_widom_p_value((np.log(value / (1 - value)) - mu) / scale, exact)
+
     rank, cut = _sequential_count(rho**2, edge)
-    return rank, rho, cut
+    return rank, rho, cut, p_value
+
+
+def resampled_threshold_rule(moments, operator, significance, rows, noise_model, clusters,
+                             rng, weight=1.0, balance=True):
+    """The sequential test of :func:`threshold_rule` on the fitted values' spectrum, each
+    step's null law resampled (:class:`._resampled_null.ResampledNull`) from the residual
+    rows ``rows`` with signs shared within ``clusters``, instead of the Tracy–Widom edges.
+
+    With ``balance`` the fitted values are first weighted on the input side so that the
+    resampled noise is equally strong in every input direction
+    (:meth:`ResampledNull.balance_inputs`; no change for noise that does not depend on the
+    inputs): the reading's spectrum is that of the balanced fitted values, in the units of the
+    targets. Rows that are only some of those of the moments (``weight`` > 1) estimate the
+    weight from other noise than the fitted values hold, so they are not balanced."""
+    n_targets = operator.output_directions.shape[0]
+    k_x = max(operator.input_rank, 1)
+    level = 1.0 - significance
+    null = ResampledNull(rows, clusters, rng, weight=weight,
+                         gaussian=noise_model == "group-bootstrap")
+    fitted = operator.input_basis.T @ moments.xy
+    if balance:
+        fitted = null.balance_inputs(fitted)
+    s = np.linalg.svd(fitted, compute_uv=False)[: len(fitted_spectrum(operator))]
+    laws = {}
+
+    def law(k):
+        if k not in laws:
+            laws[k] = null.law(fitted, k)
+        return laws[k]
+
+    rank, cut = _sequential_count(s**2, lambda k: ResampledNull.edge(law(k), level))
+    p_values, interval = sequential_p_values(
+        s**2, lambda k, value, exact=False: ResampledNull.p_value(law(k), value), rank,
+        significance)
+    caveats = ()
+    if noise_model != "wild-bootstrap" and null.n_clusters < _MIN_CLUSTERS:
+        caveats = (f"Only {null.n_clusters} groups or blocks of rows share the resampled "
+                   f"signs (fewer than {_MIN_CLUSTERS}): the level of the test is approximate.",)
+    return RankReading(
+        rank, s / np.sqrt(moments.n),
+        threshold=float(np.sqrt(cut / moments.n)) if cut is not None else 0.0,
+        noise_variance=operator.noise_variance(), noise_model=noise_model,
+        p_values=p_values, rank_interval=interval, caveats=caveats,
+        detection_limit=detection_limit(_edge_noise_variance(law(0), k_x, n_targets), k_x,
+                                        n_targets, moments.n))
+
+
+def _edge_noise_variance(law, n_inputs, n_targets):
+    """The white noise variance whose edge ``sigma^2 (sqrt(rank X) + sqrt(q))^2`` is the mean
+    of the resampled largest eigenvalue: noise that depends on the inputs puts its edge
+    higher than white noise of the same average variance, and the edge decides what shows."""
+    shape, scale, shift = law
+    mean = shift if shape is None else shift + shape * scale
+    return max(mean, 0.0) / (np.sqrt(n_inputs) + np.sqrt(n_targets)) ** 2
+
+
+# Fewer residual degrees of freedom leave the diagnostics' laws unreliable: none are run.
+_MIN_DIAGNOSTIC_DOF = 20
+# The wild cluster bootstrap needs some tens of clusters (Cameron, Gelbach & Miller 2008).
+_MIN_CLUSTERS = 30
 
 
 def kernel_rule(fit, s, criterion, tau):
@@ -348,6 +585,107 @@ def kernel_rule(fit, s, criterion, tau):
         return energy_rule(s, tau, "kernel", noise_variance=fit.noise_variance)
     return RankReading(int(fit.rank), fit.singular_values, float(fit.threshold), "y",
                        fit.noise_variance)
+
+
+# Assumptions that the rows of sequence data fail by construction, so that the calibration
+# that drops them is taken without a warning: the tokens (or channels) of one sequence are
+# dependent, and are grouped by sequence; with an unknown value map the residuals also carry
+# the per-token operator's systematic error, which depends on the inputs and has heavy tails.
+EXPECTED_FAILURES = {
+    "token_mixing": ("serial_dependence", "group_dependence"),
+    "per_token": ("heteroscedasticity", "serial_dependence", "group_dependence",
+                  "heavy_tails"),
+}
+
+
+def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=None,
+                              expected=()):
+    """:func:`threshold_rule` where the residual rows of ``sample``
+    (:class:`._diagnostics.RowSample`) pass the diagnostics, else the resampled test of
+    :func:`resampled_threshold_rule` with the calibration that drops the failed assumption:
+
+    - dependence within groups, or along the rows where groups are known: signs per group
+      (``"group-bootstrap"``);
+    - dependence along the rows: the rows prewhitened by the AR(1) filter of the residuals'
+      pooled lag-one autocorrelation (Andrews & Monahan 1992; it keeps the operator ``B``, so
+      its rank), then signs per block of contiguous rows (``"block-bootstrap"``);
+    - input-dependent variance or heavy tails alone: signs per row (``"wild-bootstrap"``).
+
+    Returns the reading and the operator it was read from (the prewhitened one after a
+    prewhitening). Without a sample, or without residual degrees of freedom, the Gaussian rule.
+    The reading's caveat names the failed assumptions unless all of them are ``expected``
+    (keys of :data:`._diagnostics.ASSUMPTIONS` the rows fail by construction, as those of
+    :data:`EXPECTED_FAILURES`): ``noise_model`` and ``diagnostics`` say it either way.
+    """
+    gaussian = threshold_rule(moments, operator, significance)
+    if (sample is None or operator.residual_dof < _MIN_DIAGNOSTIC_DOF
+            or operator.input_basis is None):
+        return gaussian, operator
+    # The diagnostics read the first rows only: a violation that strains the edges is one of
+    # fixed size, plain in a thousand rows, and more would cost more than the rank itself.
+    groups = sample.group_codes()
+    head = slice(0, DIAGNOSTIC_ROWS)
+    diagnostics = diagnose_residuals(residual_rows(
+        sample.X[head], sample.Y[head], moments, operator,
+        None if groups is None else groups[head]))
+    failed = failed_assumptions(diagnostics)
+    diagnostics["failed"] = failed
+    if not failed:
+        return replace(gaussian, diagnostics=diagnostics), operator
+    dependent = {"serial_dependence", "group_dependence"} & set(failed)
+    weight = np.sqrt(moments.n / sample.n_rows)
+    block = 1
+    rows = None
+    if groups is not None and dependent:
+        noise_model = "group-bootstrap"
+    elif dependent:
+        noise_model = "block-bootstrap"
+        rows = residual_rows(sample.X, sample.Y, moments, operator, with_residual=True)
+        if sample.complete:
+            phi = _pooled_lag_one(rows.residual)
+            diagnostics["prewhitening_coefficient"] = phi
+            filtered = _prewhitened(sample, moments, phi)
+            if filtered[1].residual_dof < 1:
+                return replace(gaussian, diagnostics=diagnostics), operator
+            moments, operator, rows = filtered
+        block = block_length(rows.n_rows, _pooled_lag_one(rows.residual))
+        diagnostics["block_length"] = block
+    else:
+        noise_model = "wild-bootstrap"
+    if rows is None:
+        rows = residual_rows(sample.X, sample.Y, moments, operator, groups, with_residual=True)
+    clusters = multiplier_clusters(rows.n_rows, noise_model, rows.groups, block)
+    reading = resampled_threshold_rule(moments, operator, significance, rows, noise_model,
+                                       clusters, rng, weight=weight, balance=sample.complete)
+    if expected:
+        diagnostics["expected"] = tuple(name for name in ASSUMPTIONS if name in expected)
+    if set(failed) <= set(expected):
+        return replace(reading, diagnostics=diagnostics), operator
+    p_text = ", ".join(f"{ASSUMPTIONS[name]} (p = {diagnostics[name]['p_value']:.2g})"
+                       for name in failed)
+    caveat = (f"The residuals fail what the Tracy–Widom edges assume: {p_text}. The rank is "
+              f"read with {NOISE_MODELS[noise_model]} instead (noise_model_={noise_model!r}; "
+              "diagnostics_ holds the tests).")
+    return replace(reading, diagnostics=diagnostics,
+                   caveats=(caveat, *reading.caveats)), operator
+
+
+def _pooled_lag_one(residual):
+    """Lag-one autocorrelation of the residual rows, pooled over the targets."""
+    total = float(np.einsum("ij,ij->", residual, residual))
+    if total <= 0 or residual.shape[0] < 2:
+        return 0.0
+    return float(np.einsum("ij,ij->", residual[1:], residual[:-1]) / total)
+
+
+def _prewhitened(sample, moments, phi):
+    """Moments, operator and residual rows of the rows filtered by ``x_t - phi x_{t-1}``."""
+    X = sample.X[1:] - phi * sample.X[:-1]
+    Y = sample.Y[1:] - phi * sample.Y[:-1]
+    filtered = Moments.empty(X.shape[1], Y.shape[1], center=moments.center,
+                             scale_x=moments.scale_x, scale_y=moments.scale_y).update(X, Y)
+    operator = solve_static(filtered)
+    return filtered, operator, residual_rows(X, Y, filtered, operator, with_residual=True)
 
 
 def static_rule(criterion, moments, operator, significance, tau, cv_data, cv, fit_intercept):

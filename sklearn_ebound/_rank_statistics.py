@@ -26,6 +26,7 @@ __all__ = [
     "criteria_table",
     "new_statistics",
     "statistic_rows",
+    "row_groups",
 ]
 
 
@@ -134,6 +135,24 @@ def statistic_rows(name, X, Y, attention, mask=None, lengths=None):
         return per_token_data(X, Y, center_sequences=attention == "softmax",
                               mask=check_attention_mask(mask, X.shape[1]), lengths=lengths)
     return X, Y
+
+
+def row_groups(name, X, groups, offset=0, lengths=None):
+    """Group labels of the rows of :func:`statistic_rows` for a chunk ``X`` with ``groups``
+    labels per sample (or ``None``).
+
+    Rows of sequence data are grouped by sequence: by the sequences' own ``groups`` where
+    given, else each sequence is its own group (labelled from ``offset``, the sequences of
+    earlier chunks). 2-D data have ``groups`` as they are. Padded sequences (``lengths``,
+    validated) give the per-token statistics ``lengths[s]`` rows each.
+    """
+    if name in ("per_token", "token_mixing"):
+        labels = np.arange(offset, offset + X.shape[0]) if groups is None else groups
+        if name == "per_token" and lengths is not None:
+            return np.repeat(labels, lengths)
+        # per_token: the rows are the tokens of each sequence; token_mixing: its channels.
+        return np.repeat(labels, X.shape[1] if name == "per_token" else X.shape[2])
+    return groups
 
 
 def value_map(value, n_features, n_targets):

@@ -254,7 +254,8 @@ def _training_moments(X, Y, splits, fit_intercept):
     return moments
 
 
-def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True):
+def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True,
+                     groups=None):
     """Cross-validated score of every rank, one decomposition per fold.
 
     Parameters
@@ -270,13 +271,15 @@ def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercep
         computed in closed form from the path; any other scorer is called on the rank-``r``
         model built from the same decomposition.
     alpha, fit_intercept : see :class:`ReducedRankRegressor`.
+    groups : array-like of shape (n_samples,), default=None
+        Group labels for a group splitter ``cv``.
 
     Returns
     -------
     scores : ndarray of shape (n_splits, len(ranks))
     """
     ranks = np.asarray(ranks, dtype=int)
-    splits = list(check_cv(cv).split(X, Y))
+    splits = list(check_cv(cv).split(X, Y, groups))
     scores = np.empty((len(splits), len(ranks)))
     scorer = None
     if scoring is not None and not (isinstance(scoring, str) and scoring in _PATH_SCORINGS):

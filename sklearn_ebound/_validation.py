@@ -9,6 +9,7 @@ __all__ = [
     "check_same_sequence_shape",
     "check_spectra",
     "spectrum_output",
+    "check_groups",
 ]
 
 
@@ -89,3 +90,34 @@ def spectrum_output(values, scalar, dtype):
     """One value as a Python scalar, a stack as an array of ``dtype``."""
     values = np.asarray(values, dtype=dtype)
     return values.item() if scalar else values
+
+
+def check_groups(groups, n_samples):
+    """Validated group labels, one per sample (as scikit-learn's group splitters take them),
+    or ``None``.
+
+    Any labels that sort (integers, strings) work; floats must be finite. A ValueError names
+    the expected form.
+    """
+    if groups is None:
+        return None
+    if hasattr(groups, "compute") and hasattr(groups, "to_delayed"):  # a dask array
+        groups = groups.compute()
+    groups = np.asarray(groups)
+    if groups.ndim != 1:
+        raise ValueError("`groups` must be a 1-D array-like of one group label per sample "
+                         f"(n_samples={n_samples}). Got an array of shape {groups.shape}.")
+    if groups.shape[0] != n_samples:
+        raise ValueError(f"`groups` must have one label per sample: got {groups.shape[0]} "
+                         f"labels for {n_samples} samples.")
+    if groups.dtype.kind == "f" and not np.all(np.isfinite(groups)):
+        raise ValueError("`groups` must not contain NaN or infinite labels.")
+    if groups.dtype.kind not in "biufUS":
+        if any(label is None for label in groups):
+            raise ValueError("`groups` must not contain None labels.")
+        try:
+            np.unique(groups)
+        except TypeError as exc:
+            raise ValueError("`groups` must hold labels that can be sorted (integers or "
+                             f"strings); got labels of dtype {groups.dtype}.") from exc
+    return groups

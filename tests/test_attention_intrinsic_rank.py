@@ -15,7 +15,9 @@ from sklearn_ebound.exceptions import RankEstimationWarning
 def test_naive_static_transfer_fails(kind):
     X, Y, params = make_attention_task(kind, 1000, 32, 8, rank=2, noise=0.1, random_state=0,
                                        return_params=True)
-    static = IntrinsicRankEstimator("static").fit(X, Y).rank_
+    # The static operator misfits attention data, and its residuals say so.
+    with pytest.warns(RankEstimationWarning, match="The residuals fail"):
+        static = IntrinsicRankEstimator("static").fit(X, Y).rank_
     static_energy = IntrinsicRankEstimator("static", criterion="energy").fit(X, Y).rank_
     native = IntrinsicRankEstimator("attention", attention=kind, value="identity").fit(X, Y)
     print(f"{kind}: static token-mixing rank {static} (energy {static_energy}) of 32 tokens; "
@@ -169,10 +171,28 @@ def test_sequences_read_the_attention_native_rank_unless_static_is_asked_for():
     X, Y = make_attention_task("softmax", 512, 32, 6, rank=2, value="random", random_state=0)
     default = IntrinsicRankEstimator().fit(X, Y)
     native = IntrinsicRankEstimator("attention").fit(X, Y)
-    static = IntrinsicRankEstimator("static").fit(X, Y)
+    # The static model misfits attention data, and its residuals say so.
+    with pytest.warns(RankEstimationWarning, match="The residuals fail"):
+        static = IntrinsicRankEstimator("static").fit(X, Y)
     assert default.rank_ == native.rank_ == 2 != static.rank_
     np.testing.assert_array_equal(default.singular_values_, native.singular_values_)
     # 2-D data keep the static reading.
     X2, Y2 = X[:, 0], Y[:, 0]
     np.testing.assert_array_equal(IntrinsicRankEstimator().fit(X2, Y2).singular_values_,
                                   IntrinsicRankEstimator("static").fit(X2, Y2).singular_values_)
+
+
+def test_per_token_reading_takes_the_group_calibration_silently():
+    # Tokens of a sequence are dependent, and with an unknown value map the residuals carry the
+    # per-token operator's systematic error: expected by construction, so the switch is recorded
+    # (noise_model_, diagnostics_) without a warning. A static reading of the same rows as 2-D
+    # user data, whose residuals fail the same way, warns.
+    X, Y = make_attention_task("softmax", 512, 16, 6, rank=2, value="random", random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RankEstimationWarning)
+        est = IntrinsicRankEstimator("attention").fit(X, Y)
+    assert est.noise_model_ in ("wild-bootstrap", "group-bootstrap")
+    failed = est.diagnostics_["failed"]
+    assert failed and set(failed) <= set(est.diagnostics_["expected"])
+    with pytest.warns(RankEstimationWarning, match="The residuals fail"):
+        IntrinsicRankEstimator("static").fit(X.reshape(-1, 6), Y.reshape(-1, Y.shape[-1]))

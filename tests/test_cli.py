@@ -88,6 +88,20 @@ def test_estimate_passes_the_significance_level(tmp_path, capsys):
     assert ranks == [0, 1]
 
 
+def test_estimate_says_how_sure_the_rank_is(data_dir, capsys):
+    assert main(["estimate", str(data_dir / "d.npz"), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    low, high = payload["rank_interval"]
+    assert low == payload["rank"] == 2 <= high
+    assert all(p <= 1e-3 for p in payload["p_values"][:2]) and payload["p_values"][2] > 1e-3
+    assert payload["detection_limit"] > 0
+    assert payload["noise_model"] == "gaussian" and payload["failed_assumptions"] == []
+    assert main(["estimate", str(data_dir / "d.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "Ranks the tests cannot tell apart (significance 0.001): 2" in out
+    assert "Detection limit: " in out and "Noise model: gaussian" in out
+
+
 def test_estimate_sequences(data_dir, capsys):
     code = main(["estimate", str(data_dir / "seq.npz"), "--operator", "attention",
                  "--attention", "linear"])

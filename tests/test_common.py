@@ -6,6 +6,15 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor, ReducedRankRegressorCV
 from sklearn_ebound.nn import LowRankAttentionRegressor
 
+# The switch to a resampled null warns where the residuals fail what the Tracy–Widom edges assume:
+# here scikit-learn's check data (iris sorted by class, for one) fail the residual diagnostics.
+# tests/test_diagnostics.py asserts the switch and its warning.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The residuals fail what the Tracy"),
+    pytest.mark.filterwarnings("ignore:Only [0-9]+ groups or blocks of rows"),
+]
+
+
 
 class _AttentionRegressorUnder2DChecks(LowRankAttentionRegressor):
     """The attention regressor with its input tag claiming 2-D arrays, for these checks only.

@@ -126,6 +126,35 @@ def test_spectrum_from_estimator(static_task):
     assert "threshold" in display.line_.get_label()
 
 
+def _span(patch):
+    """x extent of an ``axvspan`` (a Rectangle in recent matplotlib, a Polygon before)."""
+    if hasattr(patch, "get_width"):
+        return patch.get_x(), patch.get_x() + patch.get_width()
+    x = np.asarray(patch.get_xy())[:, 0]
+    return x.min(), x.max()
+
+
+def test_spectrum_from_estimator_shows_how_sure_the_rank_is():
+    X, Y = make_static_task(300, 8, 6, rank=2, noise=1.0, decay=0.3, random_state=4)
+    estimator = IntrinsicRankEstimator().fit(X, Y)
+    display = SpectrumDisplay.from_estimator(estimator)
+    assert display.rank_interval == estimator.rank_interval_
+    assert display.detection_limit == estimator.detection_limit_
+    np.testing.assert_allclose(display.detection_limit_line_.get_ydata(),
+                               [estimator.detection_limit_] * 2)
+    low, high = estimator.rank_interval_
+    if high > low:
+        assert _span(display.rank_interval_span_) == (low, high)
+    else:
+        assert display.rank_interval_span_ is None
+    # A wider interval is shaded between its ends.
+    shaded = SpectrumDisplay(singular_values=estimator.singular_values_,
+                             rank_interval=(1, 3)).plot()
+    assert _span(shaded.rank_interval_span_) == (1, 3)
+    assert "1..3" in shaded.rank_interval_span_.get_label()
+    assert shaded.detection_limit_line_ is None
+
+
 def test_spectrum_from_estimator_needs_a_fitted_estimator():
     with pytest.raises(NotFittedError):
         SpectrumDisplay.from_estimator(IntrinsicRankEstimator())

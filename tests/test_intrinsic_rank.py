@@ -1,6 +1,7 @@
 """Data-only recovery of the static intrinsic rank."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -192,3 +193,38 @@ def test_rank_zero_in_a_pipeline_is_said_in_the_estimators_words():
         with pytest.raises(ValueError, match="0 feature"):
             pipe.fit(X, Y)
     assert IntrinsicRankEstimator().fit(X, Y).transform(X).shape == (300, 0)
+
+
+def _more_inputs_than_samples(seed, input_rank=None, rank=5, noise=True):
+    """The reduced-rank-regression simulation with ``p > n``: n=40, p=100, q=50, rank 5 (the
+    inputs of rank ``input_rank``, or full)."""
+    rng = np.random.default_rng(seed)
+    n, p, q = 40, 100, 50
+    if input_rank is None:
+        X = rng.standard_normal((n, p))
+    else:
+        X = rng.standard_normal((n, input_rank)) @ rng.standard_normal((input_rank, p))
+    B = rng.standard_normal((p, rank)) @ rng.standard_normal((rank, q)) / np.sqrt(p)
+    return X, X @ B * (1.0 if input_rank is None else 0.3) + rng.standard_normal((n, q))
+
+
+@pytest.mark.parametrize("input_rank", [10, None])
+def test_more_inputs_than_samples(input_rank):
+    # rank(X) = 10 < n: the 10-dimensional row space leaves 29 residual degrees of freedom and
+    # the Tracy–Widom test runs as usual. Full rank (39 = n - 1): no residual degrees of
+    # freedom; the noise level comes from the median singular value and the same sequential
+    # test runs, each step at about the level while the rank is small.
+    ranks, null = [], []
+    for seed in range(10):
+        X, Y = _more_inputs_than_samples(seed, input_rank)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RankEstimationWarning)
+            estimator = IntrinsicRankEstimator().fit(X, Y)
+            ranks.append(estimator.rank_)
+            noise = np.random.default_rng(100 + seed).standard_normal(Y.shape)
+            null.append(IntrinsicRankEstimator().fit(X, noise).rank_)
+        low, high = estimator.rank_interval_
+        assert low == estimator.rank_ <= high
+        assert estimator.detection_limit_ > 0
+    assert ranks == [5] * 10
+    assert null == [0] * 10

@@ -202,6 +202,29 @@ def _headline(args, operator, X, Y, rank):
             f"{value})", data]
 
 
+def _how_sure(estimator):
+    """How sure the rank is, for the JSON: the calibration, the interval of ranks the tests
+    cannot tell apart, the p-values and the detection limit (where the estimator has them)."""
+    if not hasattr(estimator, "rank_interval_"):
+        return {}
+    return {"noise_model": estimator.noise_model_,
+            "rank_interval": list(estimator.rank_interval_),
+            "p_values": np.asarray(estimator.p_values_).tolist(),
+            "detection_limit": estimator.detection_limit_,
+            "failed_assumptions": list(getattr(estimator, "diagnostics_", {}).get("failed", ()))}
+
+
+def _how_sure_lines(estimator, significance):
+    if not hasattr(estimator, "rank_interval_"):
+        return []
+    low, high = estimator.rank_interval_
+    told = (f"{low}" if low == high else f"{low}..{high}")
+    return [f"Ranks the tests cannot tell apart (significance {significance:g}): {told}",
+            f"Detection limit: {estimator.detection_limit_:.4g} (a direction weaker than this "
+            "is invisible in these data)",
+            f"Noise model: {estimator.noise_model_}"]
+
+
 def _save(args, payload, estimator):
     """``estimate.json`` and, with matplotlib, ``spectrum.png`` under ``--out``; the paths."""
     out = out_dir(args)
@@ -249,6 +272,7 @@ def estimate_command(args):
         "shape_X": list(np.shape(X)), "shape_Y": None if Y is None else list(np.shape(Y)),
         "singular_values": np.asarray(estimator.singular_values_).tolist(),
         "threshold": estimator.threshold_, "warnings": notes,
+        **_how_sure(estimator),
     }
     text = _headline(args, operator, X, Y, estimator.rank_)
     if len(estimators) > 1:
@@ -267,6 +291,7 @@ def estimate_command(args):
                 + (" ..." if len(estimator.singular_values_) > 12 else ""))
     if estimator.threshold_ is not None:
         text.append(f"Threshold: {estimator.threshold_:.4g}")
+    text += _how_sure_lines(estimator, args.significance)
     text += [f"Warning: {n}" for n in notes]
     if args.out is not None:
         paths = _save(args, payload, estimator)

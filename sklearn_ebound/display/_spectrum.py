@@ -39,6 +39,12 @@ class SpectrumDisplay:
         Energy level of ``energy_rank``, quoted in the legend.
     name : str, default=None
         Legend label of the spectrum.
+    rank_interval : tuple of int, default=None
+        ``(low, high)``, the ranks the estimator's sequential tests cannot tell apart
+        (``rank_interval_``), shaded between ``x = low`` and ``x = high``.
+    detection_limit : float, default=None
+        The smallest population singular value the data can show (``detection_limit_``), as a
+        horizontal line: a direction weaker than it is invisible.
 
     Attributes
     ----------
@@ -52,6 +58,10 @@ class SpectrumDisplay:
         Horizontal line at the threshold.
     threshold_rank_line_ : matplotlib Line2D or None
         Vertical line at the threshold rank.
+    rank_interval_span_ : matplotlib patch or None
+        Shaded span of the rank interval (where it holds more than one rank).
+    detection_limit_line_ : matplotlib Line2D or None
+        Horizontal line at the detection limit.
     ax_ : matplotlib Axes
         Axes with the spectrum.
     figure_ : matplotlib Figure
@@ -77,8 +87,11 @@ class SpectrumDisplay:
     """
 
     def __init__(self, *, singular_values, energy_rank=None, entropy_rank=None, threshold=None,
-                 threshold_rank=None, tau=0.99, name=None):
+                 threshold_rank=None, tau=0.99, name=None, rank_interval=None,
+                 detection_limit=None):
         self.singular_values = singular_values
+        self.rank_interval = rank_interval
+        self.detection_limit = detection_limit
         self.energy_rank = energy_rank
         self.entropy_rank = entropy_rank
         self.threshold = threshold
@@ -130,6 +143,17 @@ class SpectrumDisplay:
                 self.threshold_rank_line_ = ax.axvline(
                     self.threshold_rank, color="tab:red", linestyle="-.",
                     label=f"threshold rank = {self.threshold_rank}")
+        self.rank_interval_span_ = self.detection_limit_line_ = None
+        if self.rank_interval is not None:
+            low, high = (int(v) for v in self.rank_interval)
+            if high > low:
+                self.rank_interval_span_ = ax.axvspan(
+                    low, high, color="tab:red", alpha=0.12,
+                    label=f"ranks not told apart = {low}..{high}")
+        if self.detection_limit is not None:
+            self.detection_limit_line_ = ax.axhline(
+                self.detection_limit, color="tab:gray", linestyle=":", linewidth=1,
+                label=f"detection limit = {self.detection_limit:.3g}")
         if log_scale:
             ax.set_yscale("log")
         ax.set_xlabel("index k")
@@ -180,7 +204,8 @@ class SpectrumDisplay:
         return cls._draw(s, tau, threshold, rank, name, ax, kwargs)
 
     @classmethod
-    def _draw(cls, s, tau, threshold, threshold_rank, name, ax, plot_kwargs):
+    def _draw(cls, s, tau, threshold, threshold_rank, name, ax, plot_kwargs,
+              rank_interval=None, detection_limit=None):
         display = cls(
             singular_values=s,
             energy_rank=energy_rank(s, tau),
@@ -189,6 +214,8 @@ class SpectrumDisplay:
             threshold_rank=threshold_rank,
             tau=tau,
             name=name,
+            rank_interval=rank_interval,
+            detection_limit=None if detection_limit is None else float(detection_limit),
         )
         return display.plot(ax=ax, **plot_kwargs)
 
@@ -200,7 +227,8 @@ class SpectrumDisplay:
         ----------
         estimator : IntrinsicRankEstimator
             A fitted estimator with ``singular_values_`` and ``threshold_`` (such as
-            :class:`~sklearn_ebound.IntrinsicRankEstimator`).
+            :class:`~sklearn_ebound.IntrinsicRankEstimator`); its ``rank_interval_`` and
+            ``detection_limit_`` are drawn where it has them.
         tau : float, default=None
             Energy level of the energy rank; ``None`` uses the estimator's ``tau`` (or 0.99).
         ax : matplotlib Axes, default=None
@@ -225,4 +253,6 @@ class SpectrumDisplay:
         # The estimator's own rank: its threshold tests may be sequential, one edge per root.
         rank = None if threshold is None else int(getattr(estimator, "rank_",
                                                           np.sum(s > threshold)))
-        return cls._draw(s, tau, threshold, rank, name, ax, kwargs)
+        return cls._draw(s, tau, threshold, rank, name, ax, kwargs,
+                         rank_interval=getattr(estimator, "rank_interval_", None),
+                         detection_limit=getattr(estimator, "detection_limit_", None))

@@ -1,0 +1,205 @@
+"""Resampled null laws of the sequential rank statistics: the wild (multiplier) bootstrap.
+
+Where the residual diagnostics (:mod:`._diagnostics`) reject what the Tracy–Widom edges
+assume, the law of the noise in the fitted values is resampled instead. With ``Q`` orthonormal
+columns spanning the centred inputs, the fitted values are ``Q Qᵀ Y`` and their noise part is
+``Z = Qᵀ E = sum_i Q_iᵀ e_i``. The wild bootstrap multiplies every residual row by a Rademacher
+sign, ``Z* = sum_i w_i Q_iᵀ r_i / sqrt(1 - h_i)`` (Wu 1986; Liu 1988; the ``1 / sqrt(1 - h_i)``
+of MacKinnon & White's HC2), which keeps each row's own noise covariance — however it depends
+on the inputs — and the correlation across targets; signs constant within groups or within
+contiguous blocks of rows keep the dependence inside them (the wild cluster bootstrap,
+Cameron, Gelbach & Miller 2008). Under ``rank = k`` the statistic of the next direction is the
+``(k+1)``-th squared singular value of ``S_k + Z*``, ``S_k`` the rank-``k`` truncation of
+``Qᵀ Y``; its law is summarised by a shifted gamma law with the resampled mean, variance and
+skewness (the skewness at least TW1's), which resolves the tail at small levels from a few
+hundred resamples (Chiani 2014's form of TW1 is such a law).
+"""
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "NOISE_MODELS",
+    "N_RESAMPLES",
+    "multiplier_clusters",
+    "block_length",
+    "ResampledNull",
+]
+
+# The calibrations a rank can be read with, by the assumption they drop.
+NOISE_MODELS = {
+    "gaussian": "Tracy–Widom edges (independent, homoscedastic Gaussian noise)",
+    "wild-bootstrap": "a wild bootstrap, one sign per row",
+    "block-bootstrap": "a wild bootstrap with one sign per block of contiguous rows, after "
+                       "an AR(1) prewhitening of the rows",
+    "group-bootstrap": "a wild cluster bootstrap, one normal multiplier per group",
+}
+N_RESAMPLES = 299
+# TW1's skewness: the least the fitted law's is taken to be.
+_TW1_SKEWNESS = 0.2935
+# Most values of the per-row outer products held at once (32 MB of float64).
+_MAX_VALUES = 1 << 22
+
+
+def block_length(n_rows, lag1_autocorrelation):
+    """Rows per block of the block bootstrap: ``n^(1/3)`` times the integrated
+    autocorrelation time ``(1 + |rho|) / (1 - |rho|)`` of an AR(1) of lag-one autocorrelation
+    ``rho``, at most ``n / 20`` (20 blocks)."""
+    rho = min(abs(float(lag1_autocorrelation)), 0.99)
+    length = int(np.ceil(n_rows ** (1 / 3) * (1 + rho) / (1 - rho)))
+    return max(1, min(length, n_rows // 20))
+
+
+def multiplier_clusters(n_rows, noise_model, groups=None, block=1):
+    """Codes ``0 .. G - 1`` of the rows that share a sign in ``noise_model``."""
+    if noise_model == "group-bootstrap":
+        return np.unique(groups, return_inverse=True)[1].ravel()
+    if noise_model == "block-bootstrap":
+        return np.arange(n_rows) // block
+    return np.arange(n_rows)
+
+
+# Clusters larger than this get the leverage correction of their rows alone (an n^3 step).
+_MAX_CORRECTED_CLUSTER = 512
+
+
+def _cluster_corrected(residual, basis, clusters):
+    """Residuals corrected for what the fit removed of each cluster's noise: ``(I -
+    H_gg)^{-1/2} r_g``, ``H_gg = Q_g Q_gᵀ`` the cluster's block of the hat matrix (Bell &
+    McCaffrey's CR2; for one row per cluster MacKinnon & White's HC2, ``r_i / sqrt(1 - h_i)``).
+    Without it the resampled noise is too weak where clusters are few or inputs vary by
+    cluster: the fit absorbs part of each cluster's noise."""
+    leverage = np.einsum("ij,ij->i", basis, basis)
+    corrected = residual / np.sqrt(np.clip(1 - leverage, 1e-12, None))[:, None]
+    counts = np.bincount(clusters)
+    if counts.max(initial=0) <= 1:
+        return corrected
+    order = np.argsort(clusters, kind="stable")
+    bounds = np.r_[0, np.cumsum(counts[counts > 0])]
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        if stop - start < 2 or stop - start > _MAX_CORRECTED_CLUSTER:
+            continue
+        index = order[start:stop]
+        hat = basis[index] @ basis[index].T
+        values, vectors = np.linalg.eigh(np.eye(index.size) - hat)
+        root = (vectors / np.sqrt(np.clip(values, 1e-12, None))) @ vectors.T
+        corrected[index] = root @ residual[index]
+    return corrected
+
+
+class ResampledNull:
+    """Resampled noise ``Z*`` of the fitted values and the sequential laws it gives.
+
+    Parameters
+    ----------
+    rows : ResidualRows
+        Residual rows of the least-squares fit, with the residuals
+        (:func:`._diagnostics.residual_rows` with ``with_residual=True``).
+    clusters : ndarray of shape (n_rows,) of int
+        Rows sharing a sign (:func:`multiplier_clusters`).
+    rng : numpy Generator
+    n_resamples : int, default=N_RESAMPLES
+    weight : float, default=1.0
+        Factor on ``Z*``: ``sqrt(n / m)`` where the rows are ``m`` of the ``n`` the fit saw.
+    gaussian : bool, default=False
+        Standard normal multipliers instead of Rademacher signs. A sign leaves a cluster's
+        own product ``S_g S_gᵀ`` fixed (``w^2 = 1``): where a few clusters carry most of the
+        noise (groups whose inputs differ, a handful of leverage points) the null is then too
+        narrow, while normal multipliers vary it (conservatively: by more than the noise
+        does). Measured on 100 groups of 15 rows sharing effects in inputs and noise: 10-17%
+        of p-values below 0.05 with signs, none with normal multipliers.
+    """
+
+    def __init__(self, rows, clusters, rng, n_resamples=N_RESAMPLES, weight=1.0,
+                 gaussian=False):
+        residual = _cluster_corrected(rows.residual, rows.basis, clusters)
+        basis = rows.basis
+        n, k = basis.shape
+        q = residual.shape[1]
+        n_clusters = int(clusters.max()) + 1 if clusters.size else 0
+        if gaussian:
+            signs = rng.standard_normal((n_resamples, n_clusters))
+        else:
+            signs = rng.choice(np.array([-1.0, 1.0]), size=(n_resamples, n_clusters))
+        if n * k * q <= _MAX_VALUES:
+            outer = (basis[:, :, None] * residual[:, None, :]).reshape(n, k * q)
+            if n_clusters < n:
+                order = np.argsort(clusters, kind="stable")
+                starts = np.flatnonzero(np.r_[True, np.diff(clusters[order]) != 0])
+                outer = np.add.reduceat(outer[order], starts, axis=0)
+                signs = signs[:, np.unique(clusters[order])]
+            noise = (signs @ outer).reshape(n_resamples, k, q)
+            # E[Z* Z*ᵀ] over the signs: the sum of the clusters' own products.
+            sums = outer.reshape(-1, k, q)
+            self._meat = np.einsum("gij,gkj->ik", sums, sums) * weight**2
+        else:
+            self._meat = None
+            noise = np.empty((n_resamples, k, q))
+            for b in range(n_resamples):
+                noise[b] = (basis * signs[b, clusters][:, None]).T @ residual
+        self.noise = noise * weight
+        self.n_clusters = n_clusters
+
+    def balance_inputs(self, fitted):
+        """Weight the input side so that the resampled noise is equally strong in every input
+        direction; returns ``fitted`` weighted alike (``Qᵀ Y`` of shape ``(k, q)``).
+
+        Noise whose variance depends on the inputs is stronger in some input directions: in
+        the fitted values it is a spike of its own, which a weak signal direction can fall
+        below and which the rank-``k`` truncation of the null then takes for signal. With
+        ``Omega = E[Z* Z*ᵀ] / q`` (the sandwich "meat" of the heteroscedasticity-consistent
+        covariance), ``Omega^{-1/2}`` times its mean eigenvalue's root equalises it (the
+        identity for noise that does not depend on the inputs) and keeps the rank of every
+        operator.
+        """
+        n_resamples, k, q = self.noise.shape
+        if k == 0 or q == 0:
+            return fitted
+        if self._meat is not None:
+            omega = self._meat / q
+        else:  # the resampled average of the same
+            omega = np.einsum("bij,bkj->ik", self.noise, self.noise) / (n_resamples * q)
+        values, vectors = np.linalg.eigh((omega + omega.T) / 2)
+        if not values[-1] > 0:
+            return fitted
+        # Estimated from n_clusters sums, Omega's eigenvalues spread: shrunk towards their mean
+        # in proportion k / (k + n_clusters), the weight does not chase that spread.
+        shrinkage = k / (k + self.n_clusters)
+        values = (1 - shrinkage) * np.clip(values, 0, None) + shrinkage * values.mean()
+        values = np.clip(values, 1e-12 * values[-1], None)
+        weight = (vectors / np.sqrt(values)) @ vectors.T * np.sqrt(values.mean())
+        self.noise = np.einsum("ij,bjk->bik", weight, self.noise)
+        return weight @ fitted
+
+    @property
+    def noise_variance(self):
+        """Resampled variance per entry of the fitted values' noise, ``E ||Z*||_F^2 / (k q)``."""
+        return float(np.mean(self.noise**2)) if self.noise.size else 0.0
+
+    def law(self, fitted, k):
+        """Shifted gamma law ``(shape, scale, shift)`` of the ``(k+1)``-th squared singular
+        value of ``S_k + Z*``, ``S_k`` the rank-``k`` truncation of ``fitted = Qᵀ Y``."""
+        U, s, Vt = np.linalg.svd(fitted, full_matrices=False)
+        signal = (U[:, :k] * s[:k]) @ Vt[:k]
+        values = np.linalg.svd(signal + self.noise, compute_uv=False)[:, k] ** 2
+        mean, sd = values.mean(), values.std(ddof=1)
+        if not sd > 0:
+            return None, None, float(mean)
+        skewness = max(_TW1_SKEWNESS, float(stats.skew(values)))
+        shape = 4 / skewness**2
+        scale = sd * skewness / 2
+        return shape, scale, float(mean - shape * scale)
+
+    @staticmethod
+    def p_value(law, value):
+        shape, scale, shift = law
+        if shape is None:
+            return float(value <= shift)
+        return float(stats.gamma.sf(value - shift, shape, scale=scale))
+
+    @staticmethod
+    def edge(law, level):
+        shape, scale, shift = law
+        if shape is None:
+            return shift
+        return float(shift + stats.gamma.ppf(level, shape, scale=scale))

@@ -1,0 +1,277 @@
+"""Residual diagnostics, the calibration they choose, and the attributes that say how sure a
+rank is: ``noise_model_``, ``diagnostics_``, ``p_values_``, ``rank_interval_``,
+``detection_limit_``, and ``groups=``."""
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.model_selection import GroupKFold
+
+from sklearn_ebound import IntrinsicRankEstimator, rank_path_scores
+from sklearn_ebound._diagnostics import (
+    DIAGNOSTIC_LEVEL,
+    DIAGNOSTIC_ROWS,
+    RowSample,
+    diagnose_residuals,
+    failed_assumptions,
+    residual_rows,
+)
+from sklearn_ebound._least_squares import solve_static
+from sklearn_ebound._moments import Moments
+from sklearn_ebound._null_edges import _tracy_widom_cdf, tracy_widom_p_value
+from sklearn_ebound._rank_rules import INDISTINCT_LEVEL
+from sklearn_ebound.datasets import make_attention_task, make_static_task
+from sklearn_ebound.exceptions import RankEstimationWarning
+
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _fit(X, Y, **kwargs):
+    """Fit, returning the estimator and the RankEstimationWarnings it raised."""
+    groups = kwargs.pop("groups", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator = IntrinsicRankEstimator(random_state=0, **kwargs).fit(X, Y, groups=groups)
+    return estimator, [w for w in caught if issubclass(w.category, RankEstimationWarning)]
+
+
+@st.composite
+def clean_tasks(draw):
+    """Gaussian, independent, homoscedastic data (correlated inputs and noise allowed)."""
+    p = draw(st.integers(1, 8))
+    q = draw(st.integers(1, 12))
+    n = draw(st.integers(p + 25, 600))
+    X, Y = make_static_task(
+        n, p, q, rank=draw(st.integers(0, min(p, q))), noise=draw(st.sampled_from([0.1, 1.0])),
+        input_correlation=draw(st.sampled_from([0.0, 0.6])),
+        noise_correlation=draw(st.sampled_from([0.0, 0.4])),
+        random_state=draw(st.integers(0, 2**16)))
+    groups = draw(st.sampled_from([None, "blocks", "random"]))
+    if groups == "blocks":
+        groups = np.arange(n) // draw(st.integers(2, 10))
+    elif groups == "random":
+        groups = np.random.default_rng(n).integers(0, max(2, n // 5), n)
+    return X, Y, groups
+
+
+@SETTINGS
+@given(clean_tasks())
+def test_clean_gaussian_data_keep_the_tracy_widom_calibration(task):
+    X, Y, groups = task
+    copies = [X.copy(), Y.copy(), None if groups is None else groups.copy()]
+    estimator, caught = _fit(X, Y, groups=groups)
+    assert estimator.noise_model_ == "gaussian"
+    assert estimator.diagnostics_["failed"] == ()
+    assert not any("Tracy–Widom edges assume" in str(w.message) for w in caught)
+    # Inputs are never mutated.
+    np.testing.assert_array_equal(X, copies[0])
+    np.testing.assert_array_equal(Y, copies[1])
+    if groups is not None:
+        np.testing.assert_array_equal(groups, copies[2])
+
+
+@SETTINGS
+@given(clean_tasks())
+def test_diagnostic_p_values_are_probabilities_and_the_rule_is_their_level(task):
+    X, Y, groups = task
+    moments = Moments.from_arrays(X, Y, scale=True)
+    operator = solve_static(moments)
+    sample = RowSample(X, Y, groups)
+    diagnostics = diagnose_residuals(residual_rows(X, Y, moments, operator,
+                                                   sample.group_codes()))
+    tested = [name for name in ("heteroscedasticity", "serial_dependence",
+                                "group_dependence", "heavy_tails") if name in diagnostics]
+    assert tested  # at least the families that need neither groups nor order
+    for name in tested:
+        assert 0 <= diagnostics[name]["p_value"] <= 1
+    # A family fails exactly where its p-value is at most the level over four.
+    failed = failed_assumptions(diagnostics)
+    assert failed == tuple(name for name in tested
+                           if diagnostics[name]["p_value"] <= DIAGNOSTIC_LEVEL / 4)
+
+
+def _null_rows(kind, seed, n=1500, p=10, q=30):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, p))
+    E = rng.standard_normal((n, q))
+    groups = None
+    if kind == "heteroscedastic":
+        E *= np.abs(X[:, [0]])
+    elif kind == "serial":
+        for A in (X, E):
+            for t in range(1, n):
+                A[t] = 0.7 * A[t - 1] + np.sqrt(1 - 0.7**2) * A[t]
+    elif kind == "groups":
+        groups = np.repeat(np.arange(n // 15), 15)
+        E += 1.5 * rng.standard_normal((n // 15, q))[groups]
+        X += rng.standard_normal((n // 15, p))[groups]
+    elif kind == "heavy":
+        E = rng.standard_t(2.5, (n, q))
+    return X, E, groups
+
+
+@pytest.mark.parametrize("kind, assumption, model", [
+    ("heteroscedastic", "heteroscedasticity", "wild-bootstrap"),
+    ("serial", "serial_dependence", "block-bootstrap"),
+    ("groups", "group_dependence", "group-bootstrap"),
+    ("heavy", "heavy_tails", "wild-bootstrap"),
+])
+def test_a_failed_assumption_switches_the_calibration_and_warns_once(kind, assumption, model):
+    X, Y, groups = _null_rows(kind, 0)
+    estimator, caught = _fit(X, Y, groups=groups)
+    assert assumption in estimator.diagnostics_["failed"]
+    assert estimator.noise_model_ == model
+    switch = [w for w in caught if "Tracy–Widom edges assume" in str(w.message)]
+    assert len(switch) == 1
+    assert model in str(switch[0].message)
+    # The resampled test reads no rank in pure noise (it may, once in a thousand).
+    assert estimator.rank_ == 0
+    assert estimator.rank_interval_[0] == 0
+
+
+def test_resampled_test_finds_a_planted_rank_above_the_detection_limit():
+    X, E, _ = _null_rows("heteroscedastic", 1)
+    null, _ = _fit(X, E)
+    rng = np.random.default_rng(1)
+    U = np.linalg.qr(rng.standard_normal((X.shape[1], 3)))[0]
+    V = np.linalg.qr(rng.standard_normal((E.shape[1], 3)))[0]
+    B = (U * null.detection_limit_ * np.array([6.0, 5.0, 4.0])) @ V.T
+    estimator, _ = _fit(X, X @ B + E)
+    assert estimator.noise_model_ == "wild-bootstrap"
+    assert estimator.rank_ == 3
+    low, high = estimator.rank_interval_
+    assert low == 3 <= high
+
+
+def test_p_values_rank_interval_and_detection_limit_on_the_gaussian_path():
+    X, Y = make_static_task(2000, 20, 30, rank=4, noise=0.5, random_state=0)
+    estimator, _ = _fit(X, Y, significance=1e-3)
+    assert estimator.rank_ == 4
+    p = estimator.p_values_
+    assert np.all(p[:4] <= 1e-3) and p.size > 4 and p[4] > 1e-3
+    low, high = estimator.rank_interval_
+    assert isinstance(low, int) and isinstance(high, int)
+    assert low == estimator.rank_ <= high <= min(20, 30)
+    # The tests ran up to the first p-value at the interval's stop (or the end).
+    assert p.size == min(high + 1, 20)
+    # The detection limit: below the weakest planted value, positive, in the spectrum's units.
+    assert 0 < estimator.detection_limit_ < estimator.singular_values_[3]
+    # In the units of the targets, and proportional to the noise level.
+    scaled, _ = _fit(X, 0.1 * Y)
+    assert scaled.detection_limit_ == pytest.approx(0.1 * estimator.detection_limit_, rel=1e-9)
+    X, Y = make_static_task(2000, 20, 30, rank=4, noise=0.05, random_state=0)
+    quiet, _ = _fit(X, Y)
+    assert quiet.detection_limit_ == pytest.approx(0.1 * estimator.detection_limit_, rel=0.1)
+
+
+def test_detection_limit_is_the_phase_transition():
+    # Rank-one signals either side of the limit: far below it no test sees them, far above
+    # every one does.
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((3000, 10))
+    E = rng.standard_normal((3000, 40))
+    null, _ = _fit(X, E)
+    u, v = np.eye(10)[:, :1], np.eye(40)[:1]
+    weak, _ = _fit(X, X @ (u * 0.5 * null.detection_limit_) @ v + E)
+    strong, _ = _fit(X, X @ (u * 3 * null.detection_limit_) @ v + E)
+    assert weak.rank_ == 0 and strong.rank_ == 1
+
+
+def test_indistinct_level_is_tracy_widom_above_its_centre():
+    # The exact P(TW1 > 0), and Chiani's form (what p-values above 0.05 use) close to it.
+    assert INDISTINCT_LEVEL == pytest.approx(1 - _tracy_widom_cdf(0.0), rel=1e-9)
+    assert tracy_widom_p_value(0.0) == pytest.approx(INDISTINCT_LEVEL, abs=1e-3)
+
+
+def test_sequences_are_grouped_by_sequence():
+    X, Y = make_attention_task("linear", 150, 8, 4, rank=2, noise=0.05, random_state=0)
+    estimator, _ = _fit(X, Y, operator="attention")
+    assert estimator.diagnostics_["group_dependence"]["n_groups"] == DIAGNOSTIC_ROWS // 8
+    # Groups of sequences: labels per sequence group their tokens together.
+    grouped, _ = _fit(X, Y, operator="attention", groups=np.arange(150) // 3)
+    assert grouped.diagnostics_["group_dependence"]["n_groups"] == DIAGNOSTIC_ROWS // 24 + 1
+    assert grouped.rank_ == estimator.rank_ == 2
+
+
+def test_groups_with_partial_fit():
+    X, Y, groups = _null_rows("groups", 2)
+    full, _ = _fit(X, Y, groups=groups)
+    streamed = IntrinsicRankEstimator(random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RankEstimationWarning)
+        for start in range(0, X.shape[0], 400):
+            chunk = slice(start, start + 400)
+            streamed.partial_fit(X[chunk], Y[chunk], groups=groups[chunk])
+    assert streamed.noise_model_ == full.noise_model_ == "group-bootstrap"
+    # The same rows tested, with the operator of the same moments (to rounding).
+    streamed_test, full_test = (e.diagnostics_["group_dependence"] for e in (streamed, full))
+    assert streamed_test["n_groups"] == full_test["n_groups"]
+    assert streamed_test["statistic"] == pytest.approx(full_test["statistic"], rel=1e-8)
+    assert streamed.rank_ == full.rank_ == 0
+    np.testing.assert_allclose(streamed.singular_values_, full.singular_values_, rtol=1e-10)
+
+
+def test_partial_fit_keeps_a_bounded_number_of_rows():
+    from sklearn_ebound._diagnostics import MAX_KEPT_ROWS
+
+    rng = np.random.default_rng(0)
+    estimator = IntrinsicRankEstimator()
+    for _ in range(3):
+        estimator.partial_fit(rng.standard_normal((MAX_KEPT_ROWS // 2, 3)),
+                              rng.standard_normal((MAX_KEPT_ROWS // 2, 2)))
+    assert estimator._rows.n_kept == MAX_KEPT_ROWS
+    # The diagnostics read the first of them; a resampled null would read all.
+    assert estimator.diagnostics_["n_rows"] == DIAGNOSTIC_ROWS
+    assert estimator.n_samples_seen_ == 3 * (MAX_KEPT_ROWS // 2)
+
+
+def test_cv_splits_by_groups():
+    X, Y = make_static_task(300, 6, 5, rank=2, noise=0.5, random_state=0)
+    groups = np.arange(300) // 10
+    estimator, _ = _fit(X, Y, criterion="cv", cv=4, groups=groups)
+    ranks = estimator.cv_results_["rank"]
+    scores = rank_path_scores(X, Y, ranks, cv=GroupKFold(n_splits=4), groups=groups,
+                              scoring="neg_mean_squared_error")
+    np.testing.assert_allclose(estimator.cv_results_["mean_test_score"], scores.mean(axis=0))
+
+
+@pytest.mark.parametrize("groups, match", [
+    (np.arange(99), "one label per sample: got 99 labels for 100 samples"),
+    (np.zeros((100, 2)), "1-D array-like of one group label per sample"),
+    (np.r_[np.zeros(99), np.nan], "NaN or infinite"),
+    (np.array([None] * 100, dtype=object), "None labels"),
+    (np.array([1, "a"] * 50, dtype=object), "labels that can be sorted"),
+])
+def test_bad_groups_are_rejected(groups, match):
+    X, Y = make_static_task(100, 3, 2, rank=1, random_state=0)
+    with pytest.raises(ValueError, match=match):
+        IntrinsicRankEstimator().fit(X, Y, groups=groups)
+    with pytest.raises(ValueError, match=match):
+        IntrinsicRankEstimator().partial_fit(X, Y, groups=groups)
+
+
+def test_three_d_groups_are_per_sequence():
+    X, Y = make_attention_task("linear", 20, 8, 4, rank=2, noise=0.05, random_state=0)
+    with pytest.raises(ValueError, match="got 160 labels for 20 samples"):
+        IntrinsicRankEstimator().fit(X, Y, groups=np.arange(160))
+
+
+def test_rank_interval_follows_the_energy_cap_of_approximate_attention():
+    X, Y = make_attention_task("softmax", 200, 16, 6, rank=2, value="random", random_state=0)
+    estimator, _ = _fit(X, Y, operator="attention")
+    low, high = estimator.rank_interval_
+    assert low == estimator.rank_ <= high
+    assert estimator.p_values_.size >= 1
+
+
+def test_the_resampled_null_repeats_with_its_random_state():
+    X, Y, _ = _null_rows("heteroscedastic", 5)
+    first, _ = _fit(X, Y)
+    again, _ = _fit(X, Y)
+    assert first.noise_model_ == "wild-bootstrap"
+    np.testing.assert_array_equal(first.p_values_, again.p_values_)
+    assert first.detection_limit_ == again.detection_limit_
