@@ -206,6 +206,7 @@ def test_groups_with_partial_fit():
         for start in range(0, X.shape[0], 400):
             chunk = slice(start, start + 400)
             streamed.partial_fit(X[chunk], Y[chunk], groups=groups[chunk])
+        streamed.rank_  # the lazy solve, and its warning, happen at the first read
     assert streamed.noise_model_ == full.noise_model_ == "group-bootstrap"
     # The same rows tested, with the operator of the same moments (to rounding).
     streamed_test, full_test = (e.diagnostics_["group_dependence"] for e in (streamed, full))
@@ -275,3 +276,13 @@ def test_the_resampled_null_repeats_with_its_random_state():
     assert first.noise_model_ == "wild-bootstrap"
     np.testing.assert_array_equal(first.p_values_, again.p_values_)
     assert first.detection_limit_ == again.detection_limit_
+
+
+def test_noise_free_fit_keeps_the_gaussian_rule():
+    # Rounding error grows with the inputs (it is "heteroscedastic"), but it is not noise: a
+    # resampled null of it would read a direction at 1e-16 as signal.
+    X, Y, params = make_static_task(50, 2, 3, rank=1, noise=0.0, input_correlation=0.5,
+                                    random_state=69, return_params=True)
+    est = IntrinsicRankEstimator().fit(X, Y)
+    assert est.rank_ == params.rank == 1
+    assert est.noise_model_ == "gaussian"

@@ -171,6 +171,10 @@ def _fit(estimators, X, Y, stream, chunk_rows):
         for i, estimator in enumerate(estimators):
             feed(i, estimator.partial_fit, X_chunk, Y_chunk)
         progress(stop, len(X))
+    for i, estimator in enumerate(estimators):
+        # partial_fit solves when a fitted attribute is first read: read it here, so that the
+        # reading's warnings are caught with the estimator's others.
+        feed(i, getattr, estimator, "rank_", None)
     return caught, errors
 
 
