@@ -946,10 +946,17 @@ def compression_frontier(model, result, texts, tokenizer, *, budgets=(0.2, 0.3, 
 # --- predictors -----------------------------------------------------------------------------
 
 
-def _known_value_bytes(d):
-    """Memory of the value-known kernel statistics: a ``d(d+1)/2``-square float64 matrix."""
-    m = d * (d + 1) // 2
-    return 8 * m * m
+def _known_value_bytes(d, n_sequences, n_tokens):
+    """Memory of the value-known statistics of :class:`~sklearn_ebound.IntrinsicRankEstimator`.
+
+    Up to ``d = 48`` (no mask) a ``d(d+1)/2``-square float64 matrix; above, the matrix-free
+    solver keeps the sequences (and, for softmax, their weights and residuals: about three
+    copies) and a few ``d x d`` matrices.
+    """
+    if d <= 48:
+        m = d * (d + 1) // 2
+        return 8 * m * m
+    return 8 * (3 * n_sequences * n_tokens * (d + n_tokens) + 16 * d * d)
 
 
 def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, window=16,
@@ -967,8 +974,9 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
     gives its first ``window`` tokens, and the head's output is computed on that window with
     the model's mask (for a causal model the window's outputs are the model's own).
 
-    The value-known statistics are a ``d(d+1)/2``-square matrix (43 GB at ``d = 384``); when
-    that exceeds ``max_memory`` bytes the estimate is NaN and ``known_reason`` says why.
+    The value-known statistics take a ``d(d+1)/2``-square matrix up to ``d = 48`` and the
+    windows themselves above (the matrix-free solver); when that exceeds ``max_memory`` bytes
+    the estimate is NaN and ``known_reason`` says why.
 
     Returns
     -------
@@ -995,10 +1003,6 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
                        max_length=max_length, batch_size=batch_size)
     by_head = {(row["layer"], row["head"]): row for row in ranks.rows}
     d = all_layers[0].w_q.shape[1]
-    need = _known_value_bytes(d)
-    reason = ("" if need <= max_memory else
-              f"value-known statistics need {need / 2 ** 30:.1f} GiB (d(d+1)/2 = "
-              f"{d * (d + 1) // 2} square) > max_memory")
     rows, n_windows = [], 0
     for layer in chosen:
         seqs, rots = capture_inputs(model, [layer], texts, tokenizer, rotary=rotary,
@@ -1009,6 +1013,9 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
             raise ValueError(f"Fewer than 2 texts have `window`={window} tokens; lower it.")
         X = np.stack([seqs[0][i][:window] for i in keep])
         n_windows = len(X)
+        need = _known_value_bytes(d, n_windows, window)
+        reason = ("" if need <= max_memory else
+                  f"value-known statistics need {need / 2 ** 30:.1f} GiB > max_memory")
         rot = None
         if rotary:
             tables = [rots[0][i] if rots[0] and rots[0][i] is not None
