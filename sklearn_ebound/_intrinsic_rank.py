@@ -125,7 +125,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
           (Tracy–Widom edges: Johnstone's for white residuals, John's sphericity test deciding;
           for correlated residuals the larger rank of an edge relative to the residuals' own
           largest eigenvalue, El Karoui's laws, and of the canonical correlations against the
-          Jacobi edge). With too few residual degrees of freedom it warns; with none (``rank(X) =
+          Jacobi edge). Below 20 residual degrees of freedom the white edge includes the
+          spread of the estimated noise level (the edge of their ratio). With too few residual
+          degrees of freedom it warns; with none (``rank(X) =
           n_samples - 1``, as with more features than samples) the same sequential test runs
           on the centred targets with the noise level of the Marchenko–Pastur median (each
           step at about ``significance`` while the rank is small beside ``min(n_samples,

@@ -31,6 +31,7 @@ from ._least_squares import (
 )
 from ._moments import Moments
 from ._null_edges import (
+    LargestEigenvalueLaw,
     canonical_edge_law,
     edge_matched_noise_covariance,
     largest_eigenvalue_law,
@@ -441,6 +442,28 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     white_edge = sigma**2 * null_edge_white(k_x, n_targets, level)
     widening = (max(1.0, null_edge_correlated(shape, k_x, level) / white_edge)
                 if white_edge > 0 else 1.0)
+
+    if dof < _MIN_DIAGNOSTIC_DOF:
+        # Few residual degrees of freedom: sigma^2 is itself uncertain, sigma^2 chi2_nu / nu
+        # with nu = dof q, independent of the fitted values; the edge is that of the ratio.
+        variance = LargestEigenvalueLaw(0.0, 0.0, 1.0, np.sqrt(2.0 / (dof * n_targets)))
+
+        def numerator(k):
+            return LargestEigenvalueLaw(*white_edge_law(k_x - k, n_targets - k))
+
+        def edge(k):
+            law = numerator(k)
+            if law.sigma <= 0:
+                return 0.0
+            return widening * sigma**2 * null_edge_ratio(law, variance, level)
+
+        def p_value(k, value, exact=False):
+            law, unit = numerator(k), widening * sigma**2
+            if law.sigma <= 0 or unit <= 0:
+                return float(value <= 0)
+            return null_ratio_sf(law, variance, value / unit)
+
+        return edge, p_value
 
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)

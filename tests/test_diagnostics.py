@@ -206,7 +206,7 @@ def test_groups_with_partial_fit():
         for start in range(0, X.shape[0], 400):
             chunk = slice(start, start + 400)
             streamed.partial_fit(X[chunk], Y[chunk], groups=groups[chunk])
-        streamed.rank_  # the lazy solve, and its warning, happen at the first read
+        assert streamed.rank_ == 0  # the lazy solve, and its warning, at the first read
     assert streamed.noise_model_ == full.noise_model_ == "group-bootstrap"
     # The same rows tested, with the operator of the same moments (to rounding).
     streamed_test, full_test = (e.diagnostics_["group_dependence"] for e in (streamed, full))
