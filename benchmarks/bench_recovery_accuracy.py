@@ -274,7 +274,7 @@ def default_reading(X, Y, true_rank):
     """The default estimator's rank and what it says about it (interval, path, warnings)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        est = IntrinsicRankEstimator().fit(X, Y)
+        est = IntrinsicRankEstimator(random_state=0).fit(X, Y)
     interval = getattr(est, "rank_interval_", None)
     limit = getattr(est, "detection_limit_", None)
     # The spectrum read is the fitted values' singular values over sqrt(n) on the Tracy-Widom
@@ -351,11 +351,11 @@ def _estimate_ranks(X, Y, noise_covariance, methods, true_rank):
                 attempt([DEFAULT], read)
             elif criterion in methods:
                 attempt([criterion], lambda c=criterion: {
-                    c: IntrinsicRankEstimator(criterion=c).fit(X, Y).rank_})
+                    c: IntrinsicRankEstimator(criterion=c, random_state=0).fit(X, Y).rank_})
         for name, significance in SIGNIFICANCE.items():
             if name in methods:
                 attempt([name], lambda n=name, a=significance: {
-                    n: IntrinsicRankEstimator(significance=a).fit(X, Y).rank_})
+                    n: IntrinsicRankEstimator(significance=a, random_state=0).fit(X, Y).rank_})
         peers = [m for m in PEERS if m in methods]
         references = [m for m in REFERENCE if m in methods]
         for peer in peers:
