@@ -88,14 +88,20 @@ def bert_result():
     return model, head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_steps=5)
 
 
-def _self_attention_outputs(model, module_name, texts, tokenizer):
-    """The per-token outputs of an attention block (before its output projection)."""
+def _block_input_or_output(model, name, texts, tokenizer, kind):
+    """The per-token head outputs of an attention block, before its output projection: what
+    BERT's self-attention returns, what enters GPT-2's and LLaMA's output projection."""
     kept = []
 
-    def hook(module, args, output):
+    def output_hook(module, args, output):
         kept.append((output[0] if isinstance(output, tuple) else output).detach().double())
 
-    handle = model.get_submodule(module_name).register_forward_hook(hook)
+    def input_hook(module, args):
+        kept.append(args[0].detach().double())
+
+    module = model.get_submodule(name)
+    handle = (module.register_forward_hook(output_hook) if kind == "bert"
+              else module.register_forward_pre_hook(input_hook))
     try:
         batch = tokenizer(texts)
         with torch.no_grad():
@@ -135,22 +141,6 @@ def test_curve_is_the_compressed_models_own_error(kind, method):
             np.testing.assert_allclose(err, curves[0, head, rank], rtol=2e-3, atol=1e-6)
     assert np.all(curves[..., -1] < 1e-9)  # full rank reproduces the head
     assert np.all(curves[..., 0] > 1e-3)  # rank 0 (uniform attention) does not
-
-
-def _block_input_or_output(model, name, texts, tokenizer, kind):
-    if kind == "bert":
-        return _self_attention_outputs(model, name, texts, tokenizer)
-    kept = []
-    handle = model.get_submodule(name).register_forward_pre_hook(
-        lambda module, args: kept.append(args[0].detach().double()))
-    try:
-        batch = tokenizer(texts)
-        with torch.no_grad():
-            model.eval()
-            model(**batch)
-    finally:
-        handle.remove()
-    return kept[0], batch["attention_mask"].bool()
 
 
 def test_weight_form_is_the_truncated_svd_and_other_weights_are_untouched(bert_result, tmp_path):
