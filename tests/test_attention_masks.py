@@ -128,6 +128,38 @@ def test_causal_regressor_recovers_the_rank_from_a_small_initialisation():
     assert net.effective_rank_ == 2 and net.score(X, Y) > 0.9
 
 
+@pytest.mark.parametrize("attention", ["softmax", "linear"])
+def test_padded_regressor_ignores_the_padding_and_recovers_the_rank(attention):
+    torch.set_num_threads(1)
+    lengths = _lengths(256, 12, 1)
+    X, Y = make_attention_task(attention, 256, 12, 6, rank=2, mask="causal", lengths=lengths,
+                               noise=0.05, logit_scale=2.0, random_state=1)
+    padding = np.arange(12)[None, :] >= lengths[:, None]
+    X2, Y2 = X.copy(), Y.copy()
+    X2[padding], Y2[padding] = 5.0, -3.0
+    fits = [LowRankAttentionRegressor(attention=attention, value="identity", mask="causal",
+                                      logit_scale=2.0, random_state=0, lr=0.05, max_epochs=150,
+                                      batch_size=64).fit(A, B, lengths=lengths)
+            for A, B in [(X, Y), (X2, Y2)]]
+    # What the padding holds changes nothing: not the kernel, not the real tokens' outputs.
+    np.testing.assert_allclose(fits[1].qk_kernel_, fits[0].qk_kernel_, rtol=1e-5, atol=1e-7)
+    predicted = fits[1].predict(X2, lengths=lengths)
+    assert np.all(predicted[padding] == 0)
+    np.testing.assert_allclose(predicted[~padding], fits[0].predict(X, lengths=lengths)[~padding],
+                               atol=1e-5)
+    assert fits[0].effective_rank_ == 2 and fits[1].score(X2, Y2, lengths=lengths) > 0.9
+
+
+def test_regressor_refuses_bad_lengths_with_the_expected_form():
+    X, Y = make_attention_task("linear", 20, 8, 4, rank=1, random_state=0)
+    with pytest.raises(ValueError, match=r"lengths.*\[1, n_tokens=8\]"):
+        LowRankAttentionRegressor(attention="linear", max_epochs=1).fit(X, Y, lengths=[9] * 20)
+    with pytest.raises(ValueError, match="`lengths` must be an array of 20 integers"):
+        LowRankAttentionRegressor(attention="linear", max_epochs=1).fit(X, Y, lengths=[4] * 19)
+    with pytest.raises(ValueError, match="`lengths` applies to attention='softmax' or 'linear'"):
+        LowRankAttentionRegressor(attention="static", max_epochs=1).fit(X, Y, lengths=[4] * 20)
+
+
 @pytest.mark.parametrize("law, size, scale", [("gaussian", 16, 0.3), ("gaussian", 256, 0.5),
                                               ("symmetric", 16, 0.5), ("skewed", 32, 0.5)])
 def test_vocabulary_tokens_under_softmax_read_the_planted_rank(law, size, scale):

@@ -173,28 +173,50 @@ class LowRankAttention(nn.Module):
         """The query-key kernel ``W = W_Q W_K^T``, a ``d x d`` tensor of rank ``<= k``."""
         return self.W_Q @ self.W_K.T
 
-    def allowed_keys(self, n_tokens):
-        """Boolean ``(n, n)`` tensor of the keys each query may attend to, or ``None``."""
-        if self.causal:
-            return torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
-        if self.mask is not None and self.mask.shape[0] != n_tokens:
-            raise ValueError(f"The attention mask is {tuple(self.mask.shape)} but the sequences "
-                             f"have {n_tokens} tokens.")
-        return self.mask
+    def allowed_keys(self, n_tokens, lengths=None):
+        """Boolean tensor of the keys each query may attend to, or ``None`` for all.
 
-    def forward(self, X):
+        ``(n, n)`` from the mask alone; ``(b, n, n)`` with ``lengths`` (a tensor of ``b``
+        sequence lengths), where a padding token (position ``>= lengths[s]``) is no key and,
+        as a query, has no allowed key at all.
+        """
+        if self.causal:
+            mask = torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
+        else:
+            if self.mask is not None and self.mask.shape[0] != n_tokens:
+                raise ValueError(f"The attention mask is {tuple(self.mask.shape)} but the "
+                                 f"sequences have {n_tokens} tokens.")
+            mask = self.mask
+        if lengths is None:
+            return mask
+        lengths = torch.as_tensor(lengths)
+        valid = torch.arange(n_tokens, device=lengths.device) < lengths[:, None]  # (b, n)
+        allowed = valid[:, :, None] & valid[:, None, :]
+        return allowed if mask is None else allowed & mask.to(allowed.device)
+
+    def forward(self, X, lengths=None):
+        """Attend over each sequence of ``X`` ``(b, n, d)``; ``lengths`` ``(b,)`` marks the
+        padding, whose outputs are zero."""
         Q, K, values = X @ self.W_Q, X @ self.W_K, self.value_map(X)
-        allowed = self.allowed_keys(X.shape[-2])
-        if allowed is not None:
-            allowed = allowed.to(X.device)
-        if self.attention == "linear":
-            if allowed is None:
+        allowed = self.allowed_keys(X.shape[-2], lengths)
+        if allowed is None:
+            if self.attention == "linear":
                 # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
                 return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
-            weights = allowed / allowed.sum(dim=-1, keepdim=True)  # 1 / |K_i| on allowed keys
+            scale = self.logit_scale / math.sqrt(self.n_features)
+            return F.scaled_dot_product_attention(Q, K, values, scale=scale)
+        allowed = allowed.to(X.device)
+        # A query without an allowed key (padding) outputs zero.
+        has_key = allowed.any(dim=-1, keepdim=True)
+        if self.attention == "linear":
+            # 1 / |K_i| on the allowed keys of query i.
+            weights = allowed / allowed.sum(dim=-1, keepdim=True).clamp(min=1)
             return ((Q @ K.transpose(-2, -1)) * weights.to(Q.dtype)) @ values
         scale = self.logit_scale / math.sqrt(self.n_features)
-        return F.scaled_dot_product_attention(Q, K, values, attn_mask=allowed, scale=scale)
+        # Rows without a key attend to all (no NaN), then are zeroed.
+        out = F.scaled_dot_product_attention(Q, K, values, attn_mask=allowed | ~has_key,
+                                             scale=scale)
+        return out * has_key.to(out.dtype)
 
 
 class StaticTokenMixer(nn.Module):

@@ -1,5 +1,6 @@
 """A scikit-learn regressor for sequences: one attention layer with a rank-limited QK kernel."""
 
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from numbers import Integral, Real
 
@@ -16,11 +17,11 @@ from sklearn.utils._param_validation import (
 from sklearn.utils.validation import check_is_fitted
 from skorch import NeuralNetRegressor
 from skorch.dataset import Dataset
-from skorch.utils import is_dataset
+from skorch.utils import is_dataset, to_tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
 from torch.utils.data import Dataset as TorchDataset
 
-from .._attention_operators import check_attention_mask
+from .._attention_operators import check_attention_mask, check_lengths
 from .._spectrum import energy_rank
 from .._validation import check_sequences
 from ..exceptions import TrainingDivergedError
@@ -41,11 +42,16 @@ def _forked_seed(seed):
 
 
 class _Sequences(TorchDataset):
-    """Sequences held as tensors; a list of indices returns a whole batch in one step."""
+    """Sequences held as tensors; a list of indices returns a whole batch in one step.
 
-    def __init__(self, X, y=None):
+    With ``lengths`` an item's input is the dict ``{"X": X, "lengths": lengths}``, which
+    skorch passes to the module's ``forward`` as keyword arguments.
+    """
+
+    def __init__(self, X, y=None, lengths=None):
         self.X = torch.as_tensor(X)
         self.y = None if y is None else torch.as_tensor(y)
+        self.lengths = None if lengths is None else torch.as_tensor(lengths, dtype=torch.long)
 
     def __len__(self):
         return len(self.X)
@@ -54,13 +60,23 @@ class _Sequences(TorchDataset):
         if isinstance(index, (list, np.ndarray)):
             # A batch of indices: index_select gathers several times faster than X[index].
             index = torch.as_tensor(index, dtype=torch.long)
-            X = self.X.index_select(0, index)
-            y = None if self.y is None else self.y.index_select(0, index)
-        else:
-            X = self.X[index]
-            y = None if self.y is None else self.y[index]
+        X, y, lengths = (_take(t, index) for t in (self.X, self.y, self.lengths))
         # skorch's placeholder when there is no target.
-        return X, torch.zeros(X.shape[:-2] or 1) if y is None else y
+        y = torch.zeros(X.shape[:-2] or 1) if y is None else y
+        return (X, y) if lengths is None else ({"X": X, "lengths": lengths}, y)
+
+
+def _take(tensor, index):
+    """``tensor[index]`` (``None`` stays ``None``); a tensor of indices is gathered."""
+    if tensor is None:
+        return None
+    return tensor.index_select(0, index) if torch.is_tensor(index) else tensor[index]
+
+
+def _valid_tokens(lengths, n_tokens, device=None):
+    """Boolean ``(b, n, 1)`` tensor: the tokens that are not padding."""
+    lengths = torch.as_tensor(lengths, device=device)
+    return (torch.arange(n_tokens, device=lengths.device) < lengths[:, None])[..., None]
 
 
 class LowRankAttentionRegressor(NeuralNetRegressor):
@@ -172,6 +188,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     validation, and against the data's sizes; the errors are ``ValueError`` or its subclass
     ``InvalidParameterError``, and name the parameter and the accepted forms.
 
+    Padded batches (sequences of different lengths, as a model's batches have) pass
+    ``lengths``, one per sequence, to ``fit``, ``partial_fit``, ``predict`` and ``score``: the
+    padding is no key, predicts zero, and enters neither the loss nor ``R^2``. As a fit
+    parameter of one value per sample, model selection splits it with the sequences.
+
     ``score`` is the R^2 of all target entries flattened into one column. scikit-learn's own
     named scorers reject 3-D targets; pass ``scoring=get_sequence_scorer(name)`` instead of
     ``scoring=name`` in model selection.
@@ -258,7 +279,7 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     # `fit` and `partial_fit` are overridden, not hooked: skorch builds the module in
     # `initialize` before any hook sees the data, and the module's sizes are the data's.
 
-    def fit(self, X, y, **fit_params):
+    def fit(self, X, y, lengths=None, **fit_params):
         """Initialise the module from the data and train it.
 
         Parameters
@@ -267,6 +288,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             Input sequences.
         y : array-like of shape (n_samples, n_tokens, n_targets)
             Target sequences.
+        lengths : array-like of shape (n_samples,), default=None
+            For padded sequences (attention only): sequence ``s`` holds ``lengths[s]`` tokens
+            followed by padding. Padding is no key, its outputs are zero and its targets do not
+            enter the loss, which is the mean over the real tokens; the conventions of
+            :class:`~sklearn_ebound.IntrinsicRankEstimator`.
         **fit_params : dict
             Passed on to :meth:`skorch.NeuralNet.fit`.
 
@@ -274,19 +300,23 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         -------
         self : LowRankAttentionRegressor
         """
-        X, y = self._validate_fit_data(X, y, reset=not (self.warm_start and self.initialized_))
+        reset = not (self.warm_start and self.initialized_)
+        X, y, lengths = self._validate_fit_data(X, y, lengths, reset=reset)
         # One seeded torch state covers the initialisation and the batch order.
         with self._seeded():
-            return super().fit(X, y, **fit_params)
+            return super().fit(*self._padded(X, y, lengths), **fit_params)
 
-    def partial_fit(self, X, y, classes=None, **fit_params):
+    def partial_fit(self, X, y, classes=None, lengths=None, **fit_params):
         """Train for ``max_epochs`` more epochs, initialising first if needed.
 
-        A ``KeyboardInterrupt`` stops training and propagates (skorch alone would swallow it
-        and return the partly trained model as if finished): a sweep interrupted mid-fit never
-        records a partly trained rank. The partly trained module stays in ``module_``.
+        ``lengths`` marks padding as in :meth:`fit`. A ``KeyboardInterrupt`` stops training
+        and propagates (skorch alone would swallow it and return the partly trained model as if
+        finished): a sweep interrupted mid-fit never records a partly trained rank. The partly
+        trained module stays in ``module_``.
         """
-        X, y = self._validate_fit_data(X, y, reset=not self.initialized_)
+        if not isinstance(X, _Sequences):  # from `fit`, the data are checked already
+            X, y, lengths = self._validate_fit_data(X, y, lengths, reset=not self.initialized_)
+            X, y = self._padded(X, y, lengths)
         self._interrupted = False
         super().partial_fit(X, y, classes=classes, **fit_params)
         if self._interrupted:
@@ -296,6 +326,32 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
                 "partly trained")
         return self
 
+    def predict(self, X, lengths=None):
+        """Predicted sequences, float32 of shape ``(n_samples, n_tokens, n_targets)``.
+
+        With ``lengths`` (as in :meth:`fit`) the predictions at padding are zero.
+        """
+        if lengths is None:
+            return super().predict(X)
+        check_is_fitted(self)
+        X, _ = self._validate_sequences(X, reset=False)
+        lengths = self._check_lengths(lengths, X)
+        return super().predict(_Sequences(X, lengths=lengths))
+
+    def get_loss(self, y_pred, y_true, X=None, training=False):
+        """The criterion; with padding, its mean over the real tokens only.
+
+        Padding enters as a perfect fit (the prediction set to the target), and the mean over
+        all entries is rescaled by ``n_tokens_total / n_real_tokens``.
+        """
+        if not (isinstance(X, Mapping) and "lengths" in X):
+            return super().get_loss(y_pred, y_true, X=X, training=training)
+        y_true = to_tensor(y_true, device=y_pred.device)
+        valid = _valid_tokens(X["lengths"], y_pred.shape[1], device=y_pred.device)
+        y_pred = torch.where(valid, y_pred, y_true.to(y_pred.dtype))
+        loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        return loss * (valid.numel() / valid.sum().clamp(min=1))
+
     def fit_loop(self, X, y=None, *args, **kwargs):
         # skorch's partial_fit catches KeyboardInterrupt around this loop; remember it.
         try:
@@ -304,10 +360,11 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             self._interrupted = True
             raise
 
-    def score(self, X, y, sample_weight=None):
+    def score(self, X, y, sample_weight=None, lengths=None):
         """R^2 over all tokens and channels: the targets flattened into one column.
 
-        ``1 - sum (Y - Y_pred)^2 / sum (Y - mean(Y))^2`` with one overall mean.
+        ``1 - sum (Y - Y_pred)^2 / sum (Y - mean(Y))^2`` with one overall mean, over the real
+        tokens only when ``lengths`` marks padding (as in :meth:`fit`).
 
         Parameters
         ----------
@@ -315,6 +372,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         y : array-like of shape (n_samples, n_tokens, n_targets)
         sample_weight : array-like of shape (n_samples,), default=None
             Weight of each sequence.
+        lengths : array-like of shape (n_samples,), default=None
+            Tokens per sequence before its padding.
 
         Returns
         -------
@@ -325,11 +384,17 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         check_is_fitted(self)
         # The targets stay in float64: R^2 near 0 is sensitive to float32 round-off.
         X, y = self._validate_sequences(X, y, reset=False, y_dtype=np.float64)
-        y_pred = self.predict(X).astype(np.float64)
-        if sample_weight is not None:
-            # One weight per sequence, repeated over its entries.
-            sample_weight = np.repeat(np.asarray(sample_weight), y[0].size)
-        return r2_score(y.reshape(-1), y_pred.reshape(-1), sample_weight=sample_weight)
+        lengths = self._check_lengths(lengths, X)
+        y_pred = self.predict(X, lengths=lengths).astype(np.float64)
+        weight = np.ones(X.shape[:2]) if sample_weight is None else np.broadcast_to(
+            np.asarray(sample_weight, dtype=np.float64)[:, None], X.shape[:2])
+        if lengths is not None:
+            weight = weight * _valid_tokens(lengths, X.shape[1]).numpy()[..., 0]
+        # One weight per token, repeated over its channels.
+        weight = np.repeat(weight.reshape(-1), y.shape[2])
+        if sample_weight is None and lengths is None:
+            weight = None
+        return r2_score(y.reshape(-1), y_pred.reshape(-1), sample_weight=weight)
 
     def initialize_module(self):
         """Build the module from the parameters and the sizes seen at ``fit``."""
@@ -426,11 +491,29 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         return _forked_seed(seed)
 
-    def _validate_fit_data(self, X, y, reset):
+    def _validate_fit_data(self, X, y, lengths, reset):
         """Check the parameters (with ``reset``) and the data of ``fit``/``partial_fit``."""
         if reset:
             self._validate_parameter_constraints()
-        return self._validate_sequences(X, y, reset=reset)
+        X, y = self._validate_sequences(X, y, reset=reset)
+        return X, y, self._check_lengths(lengths, X)
+
+    def _check_lengths(self, lengths, X):
+        """``lengths`` checked against the sequences ``X``, or ``None``."""
+        if lengths is None:
+            return None
+        if self.attention in _STATIC:
+            raise ValueError(f"`lengths` applies to attention='softmax' or 'linear'. Got "
+                             f"attention={self.attention!r}.")
+        if self.dataset is not Dataset or self.get_params_for("dataset"):
+            raise ValueError("`lengths` needs the default `dataset`; with a custom one, pass "
+                             "the lengths inside it as the module's `lengths` input.")
+        return check_lengths(lengths, X.shape[0], X.shape[1])
+
+    @staticmethod
+    def _padded(X, y, lengths):
+        """``(X, y)`` for skorch: the arrays, or with padding one dataset carrying it."""
+        return (X, y) if lengths is None else (_Sequences(X, y, lengths), None)
 
     def _validate_parameter_constraints(self):
         """Enforce ``_parameter_constraints`` with scikit-learn's parameter validation.
