@@ -175,7 +175,8 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
                 operator.input_basis.T @ moments.xy)
     else:
         # The standardised inputs Xc / sd in one pass over the rows; Xc B V = z (sd B V).
-        z = X * (1 / (moments.scale_x * sd)) - moments.mean_x / sd
+        z = X * (1 / (moments.scale_x * sd))
+        z -= moments.mean_x / sd
         fitted = (coef * sd[:, None]).T @ z.T
     # Vᵀ Ycᵀ - (B V)ᵀ Xcᵀ without a centred copy of Y, one row per projection (so that the
     # tests reduce along contiguous rows): Vᵀ Yᵀ / s_y - Vᵀ mean_y - (B V)ᵀ Xcᵀ.
@@ -213,7 +214,8 @@ def _test_inputs(z, sd, moments):
 
 def _min_p(p_values, n_tests=None):
     """Bonferroni combination of ``p_values`` (a sequence or an array)."""
-    p_values = np.asarray(p_values, dtype=np.float64).tolist()
+    if isinstance(p_values, np.ndarray):
+        p_values = p_values.tolist()
     return float(min(1.0, min(p_values) * (n_tests or len(p_values))))
 
 
@@ -222,7 +224,7 @@ def _lm_tests(design, target, total):
     its squares, each with an intercept, and their degrees of freedom: two pairs of Python
     numbers, the two Gram matrices factored in one batched call."""
     n, k = design.shape
-    squares = design * design
+    squares = np.square(design)
     weights = np.stack([np.ones(n), target])
     # Centred Grams Dᵀ D - n mean meanᵀ (two of k columns cost less than one of 2 k); the
     # target is centred, so the means drop from the cross-products.
@@ -252,7 +254,7 @@ def _heteroscedasticity(raw, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
     standardised inputs and, separately, on their squares (Bonferroni over the two).
     ``raw`` are the projections, one row per projection."""
-    target = np.add.reduce(raw * raw, axis=0)
+    target = np.einsum("ji,ji->i", raw, raw)
     target -= np.add.reduce(target) / target.size
     total = float(target @ target)
     if total <= 0 or inputs.shape[1] == 0:
