@@ -221,27 +221,34 @@ def _min_p(p_values, n_tests=None):
 
 def _lm_tests(design, target, total):
     """``n R^2`` of ``target`` (centred, sum of squares ``total``) on ``design`` and, apart, on
-    its squares, each with an intercept, and their degrees of freedom: two pairs of Python
-    numbers, the two Gram matrices factored in one batched call."""
+    its squares, each with an intercept, and their degrees of freedom (two pairs of Python
+    numbers).
+
+    Each regression is read from one Cholesky factor of the centred Gram matrix of the design
+    bordered by the target's cross-products and ``total``: its last pivot squared is the
+    residual sum of squares of the target on the design, so ``total`` minus it is the explained
+    part (the two factored in one batched call, and no solve).
+    """
     n, k = design.shape
     squares = np.square(design)
-    weights = np.stack([np.ones(n), target])
-    # Centred Grams Dᵀ D - n mean meanᵀ (two of k columns cost less than one of 2 k); the
-    # target is centred, so the means drop from the cross-products.
-    sums = np.stack([weights @ design, weights @ squares])
-    grams = np.stack([design.T @ design, squares.T @ squares])
-    grams -= sums[:, 0, :, None] * (sums[:, 0, None, :] / n)
-    crosses = sums[:, 1, :, None]
-    # R^2 = cᵀ G⁻¹ c / total with G the centred design's Gram (pseudo-inverse where singular).
-    diagonal = grams.reshape(2, k * k)[:, :: k + 1]
-    ridge = 1e-12 * np.add.reduce(diagonal, axis=1, keepdims=True)
+    sums = np.stack([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
+    bordered = np.empty((2, k + 1, k + 1))
+    bordered[:, :k, :k] = np.stack([design.T @ design, squares.T @ squares])
+    # Centred Grams Dᵀ D - n mean meanᵀ; the target is centred, so the means drop from the
+    # cross-products.
+    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
+    bordered[:, :k, k] = bordered[:, k, :k] = np.stack([target @ design, target @ squares])
+    bordered[:, k, k] = total
+    # A ridge of 1e-12 of the designs' traces keeps nearly collinear designs factorable.
+    diagonal = bordered.reshape(2, (k + 1) ** 2)[:, :: k + 2]
+    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
     try:
-        half = np.linalg.solve(np.linalg.cholesky(grams + ridge[:, :, None] * np.eye(k)),
-                               crosses)
-        explained, df = np.add.reduce(half * half, axis=(1, 2)).tolist(), (k, k)
-    except np.linalg.LinAlgError:
+        residual = np.linalg.cholesky(bordered)[:, k, k] ** 2
+        explained, df = (total - residual).tolist(), (k, k)
+    except np.linalg.LinAlgError:  # a singular design, or a target in its span
         explained, df = [], []
-        for gram, cross in zip(grams, crosses[..., 0], strict=True):
+        for matrix in bordered:
+            gram, cross = matrix[:k, :k], matrix[:k, k]
             values, vectors = np.linalg.eigh(gram)
             keep = values > 1e-10 * values[-1]
             half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
@@ -260,8 +267,7 @@ def _heteroscedasticity(raw, inputs):
     if total <= 0 or inputs.shape[1] == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
     statistic, df = _lm_tests(inputs, target, total)
-    p_values = [float(special.chdtrc(d, x)) if d > 0 else 1.0
-                for d, x in zip(df, statistic, strict=True)]
+    p_values = np.where(np.asarray(df) > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
     return {"statistic": max(statistic), "df": sum(df), "p_value": _min_p(p_values)}
 
 
@@ -327,7 +333,7 @@ def _group_dependence(centred, second, groups):
 def _kurtosis_z(b2, n):
     """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
     of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
-    fifth of a fit here; in scalar arithmetic, for the few projections tested)."""
+    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
     mean = 3.0 * (n - 1) / (n + 1)
     variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
     root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
@@ -343,14 +349,15 @@ def _kurtosis_z(b2, n):
             continue
         term = math.copysign(math.cbrt((1 - 2.0 / a) / abs(denominator)), denominator)
         z.append((centre - term) / unit)
-    return np.asarray(z)
+    return z
 
 
 def _heavy_tails(n, second, fourth):
     """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections,
     from the sums of the centred projections' second and fourth powers over ``n`` rows."""
     b2 = [(f / n) / ((s / n if s > 0 else 1.0) ** 2) for s, f in zip(second, fourth, strict=True)]
-    p_values = special.ndtr(-_kurtosis_z(b2, n))
+    # The standard normal upper tail, P(Z > z) = erfc(z / sqrt 2) / 2 (no cancellation).
+    p_values = [0.5 * math.erfc(z / math.sqrt(2.0)) for z in _kurtosis_z(b2, n)]
     return {"statistic": max(b2) - 3, "p_value": _min_p(p_values)}
 
 
