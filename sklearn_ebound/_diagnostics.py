@@ -231,13 +231,13 @@ def _lm_tests(design, target, total):
     """
     n, k = design.shape
     squares = np.square(design)
-    sums = np.stack([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
+    sums = np.array([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
     bordered = np.empty((2, k + 1, k + 1))
-    bordered[:, :k, :k] = np.stack([design.T @ design, squares.T @ squares])
+    bordered[:, :k, :k] = design.T @ design, squares.T @ squares
     # Centred Grams Dᵀ D - n mean meanᵀ; the target is centred, so the means drop from the
     # cross-products.
     bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
-    bordered[:, :k, k] = bordered[:, k, :k] = np.stack([target @ design, target @ squares])
+    bordered[:, :k, k] = bordered[:, k, :k] = target @ design, target @ squares
     bordered[:, k, k] = total
     # A ridge of 1e-12 of the designs' traces keeps nearly collinear designs factorable.
     diagonal = bordered.reshape(2, (k + 1) ** 2)[:, :: k + 2]
