@@ -159,45 +159,51 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
     projections are computed (``n (p + q) k`` operations for ``k`` projections); the basis,
     the leverages and the residuals themselves (for resampling) with ``with_residual``.
     """
-    Xc = X / moments.scale_x - moments.mean_x
-    directions = _leading_directions(operator.residual)
-    # Yc V - Xc B V without a centred copy of Y: Y V / s_y - mean_y V - Xc (B V).
-    projections = ((Y @ directions) / moments.scale_y - moments.mean_y @ directions
-                   - Xc @ (operator.coef @ directions))
+    directions = _leading_directions(operator)
+    coef = operator.coef @ directions
+    sd = np.sqrt(np.clip(np.diag(moments.xx), 0, None) / max(moments.dof, 1))
     basis = leverage = residual = None
-    if with_residual:
-        basis = Xc @ operator.input_basis
-        leverage = np.einsum("ij,ij->i", basis, basis)
-        residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
-            operator.input_basis.T @ moments.xy)
-    return ResidualRows(projections, _test_inputs(Xc, moments), groups, basis, leverage,
+    if with_residual or not np.all(sd > 0):
+        Xc = X / moments.scale_x - moments.mean_x
+        fitted = coef.T @ Xc.T
+        keep = sd > 0
+        z = Xc * (1 / sd) if keep.all() else Xc[:, keep] / sd[keep]
+        if with_residual:
+            basis = Xc @ operator.input_basis
+            leverage = np.einsum("ij,ij->i", basis, basis)
+            residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
+                operator.input_basis.T @ moments.xy)
+    else:
+        # The standardised inputs Xc / sd in one pass over the rows; Xc B V = z (sd B V).
+        z = X * (1 / (moments.scale_x * sd))
+        z -= moments.mean_x / sd
+        fitted = (coef * sd[:, None]).T @ z.T
+    # Vᵀ Ycᵀ - (B V)ᵀ Xcᵀ without a centred copy of Y, one row per projection (so that the
+    # tests reduce along contiguous rows): Vᵀ Yᵀ / s_y - Vᵀ mean_y - (B V)ᵀ Xcᵀ.
+    projections = ((directions.T / moments.scale_y) @ Y.T
+                   - (moments.mean_y @ directions)[:, None] - fitted)
+    return ResidualRows(projections.T, _test_inputs(z, sd, moments), groups, basis, leverage,
                         residual)
 
 
-def _leading_directions(residual, n_steps=2):
-    """Orthonormal directions near the leading eigenvectors of the residual cross-products:
-    a few steps of subspace iteration from the targets of largest residual variance (a full
-    eigendecomposition would cost more than the diagnostics themselves)."""
-    q = residual.shape[0]
+def _leading_directions(operator):
+    """Orthonormal leading eigenvectors of the residual cross-products (those the noise
+    edges computed already: :attr:`StaticOperator.residual_covariance_eigh`); all the
+    targets where they are few."""
+    q = operator.residual.shape[0]
     if q <= _N_PROJECTIONS:
         return np.eye(q)
-    start = np.argsort(np.diag(residual))[-_N_PROJECTIONS:][::-1]
-    directions = residual[:, start]
-    for _ in range(n_steps):
-        directions = np.linalg.qr(residual @ directions)[0]
-    return directions
+    return operator.residual_covariance_eigh[1][:, : -_N_PROJECTIONS - 1: -1]
 
 
-def _test_inputs(Xc, moments):
-    """Standardised inputs for the variance test: all of them where the rows allow 40 per
-    input (a linear and a square term each), else the leading principal components of their
-    correlations."""
-    n = Xc.shape[0]
-    sd = np.sqrt(np.clip(np.diag(moments.xx), 0, None) / max(moments.dof, 1))
-    keep = sd > 0
-    z = Xc * (1 / sd) if keep.all() else Xc[:, keep] / sd[keep]
+def _test_inputs(z, sd, moments):
+    """Inputs for the variance test from the standardised inputs ``z`` (those of positive
+    ``sd``): all of them where the rows allow 40 per input (a linear and a square term each),
+    else the leading principal components of their correlations."""
+    n = z.shape[0]
     room = max(1, (n - 2) // 40)
     if z.shape[1] > min(room, 2 * _MAX_INPUTS):
+        keep = sd > 0
         k = min(room, _MAX_INPUTS)
         corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
         values, vectors = np.linalg.eigh(corr)
@@ -206,102 +212,117 @@ def _test_inputs(Xc, moments):
     return z
 
 
-def _column_means(A):
-    """Column means by a matrix-vector product (a reduction along the rows costs several
-    times more for row-major arrays)."""
-    return (np.ones(A.shape[0]) @ A) / A.shape[0]
-
-
 def _min_p(p_values, n_tests=None):
-    """Bonferroni combination of ``p_values``."""
-    p_values = np.asarray(p_values, dtype=np.float64)
-    return float(min(1.0, p_values.min() * (n_tests or p_values.size)))
+    """Bonferroni combination of ``p_values`` (a sequence or an array)."""
+    if isinstance(p_values, np.ndarray):
+        p_values = p_values.tolist()
+    return float(min(1.0, min(p_values) * (n_tests or len(p_values))))
 
 
-def _lm_tests(designs, target, total):
-    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on each of ``designs`` (of
-    one shape) with an intercept, and their degrees of freedom: both as arrays, one entry per
-    design, the designs' Gram matrices factored in one batched call."""
-    n, k = designs[0].shape
-    ones = np.ones(n)
-    grams, crosses = [], []
-    for design in designs:
-        mean = (ones @ design) / n
-        # The target is centred: the design's mean drops from the cross-products.
-        crosses.append(design.T @ target)
-        grams.append(design.T @ design - n * np.outer(mean, mean))
-    grams, crosses = np.stack(grams), np.stack(crosses)
-    # R^2 = cᵀ G⁻¹ c / total with G the centred design's Gram (pseudo-inverse where singular).
-    ridge = 1e-12 * np.trace(grams, axis1=1, axis2=2)[:, None, None] * np.eye(k)
+def _lm_tests(design, target, total):
+    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on ``design`` and, apart, on
+    its squares, each with an intercept, and their degrees of freedom (two pairs of Python
+    numbers).
+
+    Each regression is read from one Cholesky factor of the centred Gram matrix of the design
+    bordered by the target's cross-products and ``total``: its last pivot squared is the
+    residual sum of squares of the target on the design, so ``total`` minus it is the explained
+    part (the two factored in one batched call, and no solve).
+    """
+    n, k = design.shape
+    squares = np.square(design)
+    sums = np.array([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
+    bordered = np.empty((2, k + 1, k + 1))
+    bordered[:, :k, :k] = design.T @ design, squares.T @ squares
+    # Centred Grams Dᵀ D - n mean meanᵀ; the target is centred, so the means drop from the
+    # cross-products.
+    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
+    bordered[:, :k, k] = bordered[:, k, :k] = target @ design, target @ squares
+    bordered[:, k, k] = total
+    # A ridge of 1e-12 of the designs' traces keeps nearly collinear designs factorable.
+    diagonal = bordered.reshape(2, (k + 1) ** 2)[:, :: k + 2]
+    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
     try:
-        factor = np.linalg.cholesky(grams + ridge)
-        half = np.linalg.solve(factor, crosses[..., None])[..., 0]
-        explained = np.einsum("ij,ij->i", half, half)
-        df = np.full(len(designs), k)
-    except np.linalg.LinAlgError:
-        explained, df = np.empty(len(designs)), np.empty(len(designs), dtype=int)
-        for i, (gram, cross) in enumerate(zip(grams, crosses, strict=True)):
+        residual = np.linalg.cholesky(bordered)[:, k, k] ** 2
+        explained, df = (total - residual).tolist(), (k, k)
+    except np.linalg.LinAlgError:  # a singular design, or a target in its span
+        explained, df = [], []
+        for matrix in bordered:
+            gram, cross = matrix[:k, :k], matrix[:k, k]
             values, vectors = np.linalg.eigh(gram)
             keep = values > 1e-10 * values[-1]
             half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
-            explained[i], df[i] = half @ half, np.count_nonzero(keep)
-    return n * np.clip(explained / total, 0.0, 1.0), df
+            explained.append(float(half @ half))
+            df.append(int(np.count_nonzero(keep)))
+    return [n * min(max(e / total, 0.0), 1.0) for e in explained], list(df)
 
 
-def _heteroscedasticity(rows):
+def _heteroscedasticity(raw, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
-    standardised inputs and, separately, on their squares (Bonferroni over the two)."""
-    z = rows.inputs
-    target = np.einsum("ij,ij->i", rows.projections, rows.projections)
-    target -= target.sum() / target.size
+    standardised inputs and, separately, on their squares (Bonferroni over the two).
+    ``raw`` are the projections, one row per projection."""
+    target = np.einsum("ji,ji->i", raw, raw)
+    target -= np.add.reduce(target) / target.size
     total = float(target @ target)
-    if total <= 0 or z.shape[1] == 0:
+    if total <= 0 or inputs.shape[1] == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    statistic, df = _lm_tests((z, z * z), target, total)
-    p_values = np.where(df > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
-    return {"statistic": float(statistic.max()), "df": int(df.sum()),
-            "p_value": _min_p(p_values)}
+    statistic, df = _lm_tests(inputs, target, total)
+    p_values = np.where(np.asarray(df) > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
+    return {"statistic": max(statistic), "df": sum(df), "p_value": _min_p(p_values)}
 
 
-def _serial_dependence(centred, square):
+def _lagged_sums(both, k):
+    """The sums the serial and the tail tests read, one correlation per row.
+
+    ``both`` holds the ``k`` centred projections ``u``, then their squares, one row each.
+    Returns the number of lags ``h``, and per projection (lists of Python numbers): the lag
+    products ``sum_{t >= h} u_t u_{t-l}`` and ``sum_{t >= h} u_t^2 u_{t-l}^2`` for ``l = 1 ..
+    h``, and the sums ``sum_t u_t^2`` and ``sum_t u_t^4`` over every row.
+    """
+    n = both.shape[1]
+    lags = min(_MAX_LAGS, max(1, n // 10))
+    # sums[j, m] = sum_t both[j, t + m] both[j, t + h]: lag l is m = h - l (a correlation
+    # per row costs less than one product of lagged views).
+    sums = np.array([np.correlate(row, row[lags:], "valid") for row in both])
+    # Lag 0 over the rows t >= h, plus the first h rows: the sums over every row.
+    head = both[:, :lags]
+    totals = (sums[:, lags] + np.add.reduce(head * head, axis=1)).tolist()
+    sums = sums[:, lags - 1:: -1].tolist()
+    return lags, sums[:k], sums[k:], totals[:k], totals[k:]
+
+
+def _serial_dependence(lags, products, scales, second):
     """Portmanteau test of each projection over ``h`` lags, Bonferroni over projections.
 
     The lag-``l`` statistic is self-normalised, ``sum_t u_t u_{t-l} / sqrt(sum_t u_t^2
     u_{t-l}^2)``, standard normal for independent rows whatever their variances and tails
     (the Ljung–Box form assumes both away, and rejects for heteroscedastic noise alone). The
-    sums run over the rows ``t >= h`` for every lag (one product of lagged views for all).
-    ``centred`` are the centred projections and ``square`` their squares.
+    sums run over the rows ``t >= h`` for every lag (:func:`_lagged_sums`); ``second`` is
+    ``sum_t u_t^2`` over every row.
     """
-    n = centred.shape[0]
-    lags = min(_MAX_LAGS, max(1, n // 10))
-    # window[t, j, l] = u_{t + l}: the current row is l = lags, lag l is index lags - l.
-    window = np.lib.stride_tricks.sliding_window_view(centred, lags + 1, axis=0)
-    window_sq = np.lib.stride_tricks.sliding_window_view(square, lags + 1, axis=0)
-    products = np.einsum("tj,tjl->jl", window[:, :, lags], window[:, :, lags - 1::-1])
-    scales = np.einsum("tj,tjl->jl", window_sq[:, :, lags], window_sq[:, :, lags - 1::-1])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(scales > 0, products / np.sqrt(np.clip(scales, 0, None)), 0.0)
-    statistic = np.einsum("jl,jl->j", z, z)
+    # The scales are sums of products of squares: zero only where every product is.
+    statistic = [sum(x * x / y for x, y in zip(row, scale, strict=True) if y > 0)
+                 for row, scale in zip(products, scales, strict=True)]
     p_values = special.chdtrc(lags, statistic)
-    denominator = np.ones(n) @ square
-    lag_one = products[:, 0] / np.where(denominator > 0, denominator, 1.0)
-    return {"statistic": float(statistic.max()), "lags": lags,
-            "lag1_autocorrelation": float(lag_one[np.argmax(np.abs(lag_one))]),
-            "p_value": _min_p(p_values)}
+    lag_one = [row[0] / (total if total > 0 else 1.0)
+               for row, total in zip(products, second, strict=True)]
+    return {"statistic": max(statistic), "lags": lags,
+            "lag1_autocorrelation": max(lag_one, key=abs), "p_value": _min_p(p_values)}
 
 
-def _group_dependence(centred, square, groups):
-    """One-way analysis of variance of each projection across the groups (upper tail)."""
-    n = centred.shape[0]
+def _group_dependence(centred, second, groups):
+    """One-way analysis of variance of each projection across the groups (upper tail);
+    ``second`` are the sums of the centred projections' squares."""
+    n = centred.shape[1]
     counts = np.bincount(groups)
     n_groups = int(np.count_nonzero(counts))
     if n_groups < 2 or n_groups >= n:
         return None
-    sums = np.stack([np.bincount(groups, weights=c, minlength=counts.size) for c in centred.T],
+    sums = np.stack([np.bincount(groups, weights=c, minlength=counts.size) for c in centred],
                     axis=1)
     present = counts > 0
     between = np.sum(sums[present] ** 2 / counts[present, None], axis=0)
-    within = np.ones(n) @ square - between
+    within = np.asarray(second) - between
     df_between, df_within = n_groups - 1, n - n_groups
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(within > 0, (between / df_between) / (within / df_within), 0.0)
@@ -310,29 +331,34 @@ def _group_dependence(centred, square, groups):
 
 
 def _kurtosis_z(b2, n):
-    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` of ``n``
-    normal values (the transform of scipy's ``kurtosistest``, whose call costs a fifth of a
-    fit here; the constants, functions of ``n`` alone, in scalar arithmetic)."""
+    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
+    of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
+    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
     mean = 3.0 * (n - 1) / (n + 1)
     variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
     root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
                  * math.sqrt(6.0 * (n + 3) * (n + 5) / (n * (n - 2) * (n - 3))))
     a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + math.sqrt(1 + 4.0 / root_beta**2))
-    denominator = 1 + (b2 - mean) * (math.sqrt(2 / (a - 4.0)) / math.sqrt(variance))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        term = np.sign(denominator) * np.cbrt((1 - 2.0 / a) / np.abs(denominator))
-    z = (1 - 2 / (9.0 * a) - term) / math.sqrt(2 / (9.0 * a))
-    return np.where(denominator == 0, -np.inf, z)
+    slope = math.sqrt(2 / (a - 4.0)) / math.sqrt(variance)
+    centre, unit = 1 - 2 / (9.0 * a), math.sqrt(2 / (9.0 * a))
+    z = []
+    for value in b2:
+        denominator = 1 + (value - mean) * slope
+        if denominator == 0:
+            z.append(-math.inf)
+            continue
+        term = math.copysign(math.cbrt((1 - 2.0 / a) / abs(denominator)), denominator)
+        z.append((centre - term) / unit)
+    return z
 
 
-def _heavy_tails(centred, square):
-    """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections."""
-    n = centred.shape[0]
-    ones = np.ones(n)
-    second = (ones @ square) / n
-    b2 = ((ones @ (square * square)) / n) / np.where(second > 0, second, 1.0) ** 2
-    p_values = special.ndtr(-_kurtosis_z(b2, n))
-    return {"statistic": float(np.max(b2) - 3), "p_value": _min_p(p_values)}
+def _heavy_tails(n, second, fourth):
+    """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections,
+    from the sums of the centred projections' second and fourth powers over ``n`` rows."""
+    b2 = [(f / n) / ((s / n if s > 0 else 1.0) ** 2) for s, f in zip(second, fourth, strict=True)]
+    # The standard normal upper tail, P(Z > z) = erfc(z / sqrt 2) / 2 (no cancellation).
+    p_values = [0.5 * math.erfc(z / math.sqrt(2.0)) for z in _kurtosis_z(b2, n)]
+    return {"statistic": max(b2) - 3, "p_value": _min_p(p_values)}
 
 
 def diagnose_residuals(rows, serial=True):
@@ -353,21 +379,27 @@ def diagnose_residuals(rows, serial=True):
         (no groups, or too few rows).
     """
     diagnostics = {"n_rows": rows.n_rows, "level": DIAGNOSTIC_LEVEL}
-    projections = rows.projections
-    if rows.n_rows < _MIN_ROWS or projections.shape[1] == 0:
+    k = rows.projections.shape[1]
+    if rows.n_rows < _MIN_ROWS or k == 0:
         return diagnostics
-    if not np.any(projections):
+    # One row per projection, so that every test reduces along contiguous rows; the centred
+    # projections and their squares in one array (the serial test reads both at once).
+    raw = np.ascontiguousarray(rows.projections.T)
+    if not raw.any():
         return diagnostics
-    centred = projections - _column_means(projections)
-    square = centred * centred
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(rows)
+    both = np.empty((2 * k, raw.shape[1]))
+    centred, square = both[:k], both[k:]
+    np.subtract(raw, np.add.reduce(raw, axis=1, keepdims=True) / raw.shape[1], out=centred)
+    np.multiply(centred, centred, out=square)
+    lags, products, scales, second, fourth = _lagged_sums(both, k)
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(raw, rows.inputs)
     if serial:
-        diagnostics["serial_dependence"] = _serial_dependence(centred, square)
+        diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
     if rows.groups is not None:
-        groups = _group_dependence(centred, square, rows.groups)
+        groups = _group_dependence(centred, second, rows.groups)
         if groups is not None:
             diagnostics["group_dependence"] = groups
-    diagnostics["heavy_tails"] = _heavy_tails(centred, square)
+    diagnostics["heavy_tails"] = _heavy_tails(raw.shape[1], second, fourth)
     return diagnostics
 
 

@@ -233,7 +233,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         phase transition ``sigma (rank(X) q)^{1/4} / sqrt(n)`` (Baik, Ben Arous & Péché 2005),
         ``sigma^2`` the noise variance per entry (resampled, for a resampled null). A direction
         weaker than it is invisible here whatever the level; for canonical correlations, the
-        correlation below which a direction sinks into the noise (Bao et al. 2019).
+        correlation below which a direction sinks into the noise (Bao et al. 2019). It is the
+        asymptotic edge, not a level's: a test at ``significance`` needs somewhat more at
+        finite size (with ``rank(X) = 20, q = 60``, four equal directions at 2.1 times the
+        limit are all found in 90% of draws at 1e-3 even with the noise level known), and
+        with few residual degrees of freedom ``sigma`` is itself estimated, to a relative
+        error of about ``1 / sqrt(2 dof q)``.
     mean_ : ndarray of shape (n_features,)
     n_features_in_ : int
     feature_names_in_ : ndarray of str

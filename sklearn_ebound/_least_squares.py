@@ -8,6 +8,7 @@ values.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -89,6 +90,13 @@ class StaticOperator:
         q = self.residual.shape[0]
         resolution = 64 * np.finfo(np.float64).eps * self.target_energy
         return max(np.trace(self.residual), resolution) / (max(self.residual_dof, 1) * q)
+
+    @cached_property
+    def residual_covariance_eigh(self):
+        """Eigenvalues (ascending) and eigenvectors of the residual covariance
+        ``residual / residual_dof``, computed once: the noise edges and the residual
+        diagnostics both read them."""
+        return np.linalg.eigh(self.residual / max(self.residual_dof, 1))
 
     def reduced_coef(self, rank):
         """``B V_r V_r^T``: the best rank-``rank`` operator on the training data."""

@@ -400,7 +400,7 @@ def null_ratio_sf(numerator, denominator, ratio):
     return float(np.clip(trapezoid(law.sf(t * x) * density, x), 0.0, 1.0))
 
 
-def edge_matched_noise_covariance(residual, dof):
+def edge_matched_noise_covariance(residual, dof, eigh=None):
     """Noise covariance from residual cross-products with ``dof`` degrees of freedom, as
     eigenvalues and eigenvectors, shaped for the edge of the noise in the fitted values.
 
@@ -412,9 +412,10 @@ def edge_matched_noise_covariance(residual, dof):
     which the residuals' own largest eigenvalue is as expected: the mean of
     :func:`largest_eigenvalue_law` for ``S_theta`` and ``dof`` rows equals the observed one.
     The trace is kept. Only the moments are needed, so streaming and dask still work.
+    ``eigh``, where given, is ``np.linalg.eigh(residual / dof)`` computed before.
     """
     q = residual.shape[0]
-    sample, vectors = np.linalg.eigh(residual / dof)
+    sample, vectors = np.linalg.eigh(residual / dof) if eigh is None else eigh
     sample = np.clip(sample, 0.0, None)
     mean = sample.mean()
     if mean <= 0 or q < 2:

@@ -438,7 +438,8 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     # edge. The shape matched to the largest residual eigenvalue says by how much (1 when
     # white noise of the same level explains it).
     dof = operator.residual_dof
-    shape, _ = edge_matched_noise_covariance(operator.residual, dof)
+    shape, _ = edge_matched_noise_covariance(operator.residual, dof,
+                                             operator.residual_covariance_eigh)
     white_edge = sigma**2 * null_edge_white(k_x, n_targets, level)
     widening = (max(1.0, null_edge_correlated(shape, k_x, level) / white_edge)
                 if white_edge > 0 else 1.0)
@@ -482,7 +483,8 @@ def _correlated_edge(operator, k_x, level):
     """Edge ``edge(k)`` of the squared singular values relative to the residuals', and the
     p-value ``p_value(k, value)`` of a squared singular value at step ``k``."""
     dof = operator.residual_dof
-    values, vectors = edge_matched_noise_covariance(operator.residual, dof)
+    values, vectors = edge_matched_noise_covariance(operator.residual, dof,
+                                                    operator.residual_covariance_eigh)
     # Noise covariance and residual cross-products in the basis of the output directions:
     # after k accepted directions the noise left is in the trailing (q - k) x (q - k) blocks.
     directions = operator.output_directions

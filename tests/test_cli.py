@@ -323,3 +323,72 @@ def test_python_dash_m_runs_the_cli(module):
     completed = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
                                text=True)
     assert completed.returncode == 0 and "usage: ebound" in completed.stdout
+
+
+@pytest.fixture(scope="module")
+def grouped_dir(tmp_path_factory):
+    """A planted rank-2 task whose noise is shared within 40 interleaved groups of 10 rows
+    (subjects measured ten times, in no particular order), in every format ``--groups`` reads."""
+    path = tmp_path_factory.mktemp("grouped")
+    rng = np.random.default_rng(0)
+    X, Y = make_static_task(400, 6, 8, rank=2, noise=0.3, random_state=0)
+    groups = rng.permutation(np.repeat(np.arange(40), 10))
+    Y = Y + 1.5 * rng.standard_normal((40, 8))[groups]
+    np.savez(path / "d.npz", X=X, Y=Y, subject=groups)
+    np.save(path / "x.npy", X)
+    np.save(path / "y.npy", Y)
+    np.save(path / "g.npy", groups)
+    np.save(path / "g2d.npy", np.stack([groups, groups], axis=1))
+    np.save(path / "short.npy", groups[:10])
+    names = [f"x{i}" for i in range(6)] + ["subject"] + [f"y{i}" for i in range(8)]
+    np.savetxt(path / "d.csv", np.column_stack([X, groups, Y]), delimiter=",",
+               header=",".join(names), comments="")
+    (path / "g.csv").write_text("subject\n" + "\n".join(f"s{g}" for g in groups) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("args", [
+    ["d.npz", "--groups", "subject"],
+    ["d.npz", "--groups", "g.npy"],
+    ["d.npz", "--groups", "g.csv"],
+    ["d.csv", "--n-targets", "8", "--groups", "subject"],
+    ["x.npy", "--targets", "y.npy", "--groups", "g.npy", "--chunk-rows", "64"],
+])
+def test_estimate_groups_from_every_source(grouped_dir, capsys, args):
+    # The dependence within the groups is tested and the rank read by resampling whole
+    # groups, from a file, an .npz array or a CSV column (left out of the inputs), in memory
+    # or streamed in chunks.
+    args = [str(grouped_dir / args[0])] + [str(grouped_dir / a) if a.endswith((".npy", ".csv"))
+                                           else a for a in args[1:]]
+    assert main(["estimate", *args, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["shape_X"] == [400, 6] and payload["n_groups"] == 40
+    assert "group_dependence" in payload["failed_assumptions"]
+    assert payload["noise_model"] == "group-bootstrap"
+    assert payload["rank"] == 2
+    assert main(["estimate", *args]) == 0
+    assert "Groups: 40 (--groups " in capsys.readouterr().out
+
+
+def test_estimate_without_groups_reads_no_group_test(grouped_dir, capsys):
+    assert main(["estimate", str(grouped_dir / "d.npz"), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["n_groups"] is None
+    assert "group_dependence" not in payload["failed_assumptions"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["d.npz", "--groups", "short.npy"], "--groups has 10 labels but X has 400 samples"),
+    (["d.npz", "--groups", "g2d.npy"], "one number or string per sample"),
+    (["d.npz", "--groups", "missing.npy"], "no such file (--groups)"),
+    (["d.npz", "--groups", "visit"], "no array named 'visit' for --groups"),
+    (["d.csv", "--n-targets", "8", "--groups", "visit"], "no column named 'visit'"),
+    (["x.npy", "--targets", "y.npy", "--groups", "subject"], "give a .npy or .csv file"),
+])
+def test_estimate_groups_errors_are_one_line(grouped_dir, capsys, args, message):
+    args = [str(grouped_dir / args[0])] + [str(grouped_dir / a) if a.endswith((".npy", ".csv"))
+                                           else a for a in args[1:]]
+    code = main(["estimate", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ebound: error:") and message in err, err
+    assert len(err.strip().splitlines()) == 1

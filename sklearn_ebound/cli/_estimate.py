@@ -18,7 +18,7 @@ from ._core import (
     write_json,
 )
 
-__all__ = ["add_estimate_parser", "estimate_command", "load_data"]
+__all__ = ["add_estimate_parser", "estimate_command", "load_data", "load_groups"]
 
 
 def add_estimate_parser(commands):
@@ -41,6 +41,9 @@ def add_estimate_parser(commands):
                         help="Y's name in an .npz (default: %(default)s)")
     parser.add_argument("--n-targets", type=int, metavar="K",
                         help="CSV: the last K columns are targets (no default)")
+    parser.add_argument("--groups", metavar="G",
+                        help="labels per sample: a .npy/.csv file, an .npz array or a "
+                             ".csv column (no default)")
     parser.add_argument("--operator", choices=["auto", "static", "attention"], default="auto",
                         help="auto: static for 2-D data, attention for 3-D sequences "
                              "(default: %(default)s)")
@@ -104,6 +107,8 @@ def load_data(args):
         except ValueError as exc:
             raise CLIError(f"{path}: not a numeric CSV with a header row ({exc})") from None
         names = list(table.dtype.names or [])
+        if _groups_column(args, names) is not None:
+            names.remove(args.groups)  # the groups' column is neither input nor target
         data = np.column_stack([table[n] for n in names]) if names else np.empty((0, 0))
         if args.n_targets is None:
             raise CLIError(f"{path}: say how many of the {len(names)} columns are targets "
@@ -122,6 +127,78 @@ def load_data(args):
     return X, Y
 
 
+def _groups_column(args, names):
+    """The ``--groups`` column among a CSV's column ``names`` (``None`` when it is a file)."""
+    groups = getattr(args, "groups", None)
+    if groups is None or groups not in names or Path(groups).suffix.lower() in (".npy", ".csv"):
+        return None
+    return groups
+
+
+def _labels(array, source):
+    """Group labels as a 1-D array (numbers or strings), or a one-line error."""
+    array = np.asarray(array)
+    if array.ndim == 2 and array.shape[1] == 1:
+        array = array[:, 0]
+    if array.ndim != 1 or array.dtype.kind not in "biufUS":
+        raise CLIError(f"{source}: group labels must be one number or string per sample; got "
+                       f"an array of shape {array.shape} and dtype {array.dtype}")
+    return array
+
+
+def load_groups(args, n_samples):
+    """The ``--groups`` labels, one per sample (``None`` without the option).
+
+    A path ending in .npy (read without unpickling) or .csv (one column, with a header) is
+    read from that file; otherwise ``--groups`` names an array of the .npz DATA or a column
+    of the .csv DATA.
+    """
+    source = getattr(args, "groups", None)
+    if source is None:
+        return None
+    data, path = Path(args.data), Path(source)
+    suffix = path.suffix.lower()
+    if suffix in (".npy", ".csv"):
+        if not path.is_file():
+            raise CLIError(f"{path}: no such file (--groups)")
+        if suffix == ".npy":
+            groups = _load_array(path, "groups")
+        else:
+            try:
+                table = np.genfromtxt(path, delimiter=",", names=True, dtype=None,
+                                      encoding="utf-8")
+            except ValueError as exc:
+                raise CLIError(f"{path}: not a CSV of group labels with a header row "
+                               f"({exc})") from None
+            names = table.dtype.names or ()
+            if len(names) != 1:
+                raise CLIError(f"{path}: a groups CSV has one column of labels; got "
+                               f"{len(names)} columns")
+            groups = np.atleast_1d(table[names[0]])
+    elif data.suffix.lower() == ".npz":
+        with np.load(data, allow_pickle=False) as archive:
+            if source not in archive.files:
+                raise CLIError(f"{data}: no array named {source!r} for --groups (has "
+                               f"{', '.join(archive.files)}); or give a .npy or .csv file")
+            try:
+                groups = archive[source]
+            except ValueError as exc:
+                raise CLIError(f"{data}: cannot read without unpickling ({exc})") from None
+    elif data.suffix.lower() == ".csv":
+        table = np.genfromtxt(data, delimiter=",", names=True, dtype=None, encoding="utf-8")
+        if source not in (table.dtype.names or ()):
+            raise CLIError(f"{data}: no column named {source!r} for --groups; or give a .npy "
+                           "or .csv file")
+        groups = table[source]
+    else:
+        raise CLIError(f"--groups {source!r}: give a .npy or .csv file of group labels")
+    groups = _labels(groups, path if suffix in (".npy", ".csv") else data)
+    if len(groups) != n_samples:
+        raise CLIError(f"--groups has {len(groups)} labels but X has {n_samples} samples; "
+                       "one label per sample is needed")
+    return np.asarray(groups)
+
+
 def _chunk_rows(X, Y, chunk_rows):
     """Rows per chunk: ``chunk_rows``, or about 64 MB of float64."""
     if chunk_rows is not None:
@@ -130,8 +207,9 @@ def _chunk_rows(X, Y, chunk_rows):
     return max(1, (64 << 20) // (8 * max(row_values, 1)))
 
 
-def _fit(estimators, X, Y, stream, chunk_rows):
-    """Fit every estimator on ``(X, Y)``, in one pass over the data.
+def _fit(estimators, X, Y, stream, chunk_rows, groups=None):
+    """Fit every estimator on ``(X, Y)`` (with the samples' ``groups``), in one pass over the
+    data.
 
     ``stream``: partial_fit over a memory-mapped file, one chunk of rows in memory at a time,
     each chunk given to every estimator in turn. Returns, per estimator, the warnings it
@@ -141,13 +219,13 @@ def _fit(estimators, X, Y, stream, chunk_rows):
     caught = [[] for _ in estimators]
     errors = [None for _ in estimators]
 
-    def feed(i, method, *data):
+    def feed(i, method, *data, **kwargs):
         if errors[i] is not None:
             return
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             try:
-                method(*data)
+                method(*data, **kwargs)
             except ValueError as exc:
                 if i == 0:
                     raise
@@ -158,7 +236,7 @@ def _fit(estimators, X, Y, stream, chunk_rows):
         X = np.asarray(X, dtype=np.float64)
         Y = None if Y is None else np.asarray(Y, dtype=np.float64)
         for i, estimator in enumerate(estimators):
-            feed(i, estimator.fit, X, Y)
+            feed(i, estimator.fit, X, Y, groups=groups)
         return caught, errors
     if Y is not None and len(Y) != len(X):
         raise CLIError(f"X has {len(X)} samples but Y has {len(Y)}")
@@ -168,8 +246,9 @@ def _fit(estimators, X, Y, stream, chunk_rows):
         stop = min(start + rows, len(X))
         X_chunk = np.asarray(X[start:stop], dtype=np.float64)
         Y_chunk = None if Y is None else np.asarray(Y[start:stop], dtype=np.float64)
+        groups_chunk = None if groups is None else groups[start:stop]
         for i, estimator in enumerate(estimators):
-            feed(i, estimator.partial_fit, X_chunk, Y_chunk)
+            feed(i, estimator.partial_fit, X_chunk, Y_chunk, groups=groups_chunk)
         progress(stop, len(X))
     for i, estimator in enumerate(estimators):
         # partial_fit solves when a fitted attribute is first read: read it here, so that the
@@ -249,6 +328,7 @@ def estimate_command(args):
     from .. import IntrinsicRankEstimator
 
     X, Y = load_data(args)
+    groups = load_groups(args, len(X))
     sequences = np.ndim(X) == 3
     if sequences and Y is None:
         raise CLIError("3-D X holds sequences, whose rank is read with the target sequences Y: "
@@ -265,7 +345,7 @@ def estimate_command(args):
         # Beside the attention-native rank, the naive static transfer's (the failing reading).
         estimators.append(IntrinsicRankEstimator("static", **settings))
     stream = isinstance(X, np.memmap) and args.criterion != "cv"
-    caught, errors = _fit(estimators, X, Y, stream, args.chunk_rows)
+    caught, errors = _fit(estimators, X, Y, stream, args.chunk_rows, groups)
     estimator = estimators[0]
     if not hasattr(estimator, "rank_"):
         raise CLIError(f"too few samples ({len(X)}) to read a rank")
@@ -276,9 +356,13 @@ def estimate_command(args):
         "shape_X": list(np.shape(X)), "shape_Y": None if Y is None else list(np.shape(Y)),
         "singular_values": np.asarray(estimator.singular_values_).tolist(),
         "threshold": estimator.threshold_, "warnings": notes,
+        "n_groups": None if groups is None else int(np.unique(groups).size),
         **_how_sure(estimator),
     }
     text = _headline(args, operator, X, Y, estimator.rank_)
+    if groups is not None:
+        text.append(f"Groups: {payload['n_groups']} (--groups {args.groups}; the residual "
+                    "diagnostics test the dependence within them)")
     if len(estimators) > 1:
         naive = estimators[1]
         payload["naive_static_rank"] = getattr(naive, "rank_", None)
