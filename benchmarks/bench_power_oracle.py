@@ -138,6 +138,7 @@ def main(argv=None):
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=1))
     print(f"({report['seconds']:.0f} s; saved {args.output.name})")
+    return report
 
 
 if __name__ == "__main__":

@@ -210,6 +210,19 @@ def test_null_power_section(load, tmp_path, monkeypatch):
     assert row["rank"] == 2 and row["factors"] == [2.0, 3.0] and not report["cells"]
 
 
+def test_power_oracle_quick(load, tmp_path):
+    bench = load("bench_power_oracle")
+    out = tmp_path / "oracle.json"
+    report = bench.main(["--reps", "200", "--null-draws", "2000", "--factors", "0.5", "4",
+                         "--dof", "5", "--output", str(out)])
+    assert json.loads(out.read_text())["rows"] == report["rows"]
+    exact = {(r["factor"], r["cut"]): r["exact"] for r in report["rows"]}
+    assert len(exact) == 2 * 5
+    # Below the phase transition no cut finds the four directions; far above every one does.
+    assert all(v == 0 for (f, _), v in exact.items() if f == 0.5)
+    assert all(v >= 0.95 for (f, _), v in exact.items() if f == 4)
+
+
 def test_information_criteria_on_a_clear_task(load):
     bench = load("bench_recovery_accuracy")
     cell = dict(bench.BASE, name="clear", snr=4.0, rho_x=0.0, rho_e=0.0, reps=1)
