@@ -737,8 +737,8 @@ class KernelMoments:
             rss = max(loss, 64 * np.finfo(float).eps * self.y_energy)
             weights_at = A
 
-        # N d_out observations, d^2 parameters.
-        noise_variance = rss / max(N * self.n_targets - d * d, 1)
+        # N d_out observations, d^2 parameters (at most n_equations of them determined).
+        noise_variance = rss / max(N * self.n_targets - min(d * d, self.n_equations), 1)
         T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
         whitened = T_root @ A @ P_root / np.sqrt(N)
         U, s, Vt = np.linalg.svd(whitened)
