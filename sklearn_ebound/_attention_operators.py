@@ -747,16 +747,22 @@ class KernelMoments:
         # along each singular direction is computed from G itself, and the cut scaled by it.
         kronecker_rank = rank = int(np.sum(s > threshold))
         local = {}
+        # For the softmax fit the noise along a direction can exceed the Kronecker one by any
+        # factor (saturated weights leave kernel directions all but undetermined: ratios up to
+        # 2e4 measured on a vocabulary of 8 +- pairs at logit rms 3), so on the way down every
+        # counted direction is checked, not only those within a factor 2 of the cut.
+        saturable = weights_at is not None
 
-        def passes(k):  # s_k against the cut scaled by the noise along its own direction
-            if not identified or not threshold / 2 < s[k] < 2 * threshold:
+        def passes(k, down=False):  # s_k against the cut scaled by the noise along itself
+            near = threshold / 2 < s[k] < 2 * threshold or (down and saturable)
+            if not identified or not near:
                 return s[k] > threshold
             local[k] = self._local_noise(np.outer(U[:, k], Vt[k]), T_root, P_root, weights_at)
             return s[k] > threshold * np.sqrt(max(local[k], 0.0))
 
         # Only the values next to the cut decide the count: walk down while the last one
         # counted fails its corrected cut, or up while the first one left out passes it.
-        while rank > 0 and len(local) < 6 and not passes(rank - 1):
+        while rank > 0 and len(local) < 6 and not passes(rank - 1, down=True):
             rank -= 1
         if rank == kronecker_rank:
             while rank < d and len(local) < 6 and passes(rank):
