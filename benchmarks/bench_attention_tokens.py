@@ -59,7 +59,8 @@ def main(argv=None):
               f", wrong without warning {silent_misses}, logit_rms_ / planted "
               f"{np.min(ratios):.2f}-{np.max(ratios):.2f}", flush=True)
     small = [r[3] for r in rows if r[2] <= 0.3]
-    print(f"logit rms <= 0.3: recovery {np.mean(small):.3f}; wrong without a warning, all "
+    recovery = f"{np.mean(small):.3f}" if small else "(no such cell)"
+    print(f"logit rms <= 0.3: recovery {recovery}; wrong without a warning, all "
           f"cells: {sum(r[4] for r in rows)}; {time.perf_counter() - start:.0f} s")
     return rows
 
