@@ -8,7 +8,8 @@ root-mean-squares 0.1 to 3. Prints, per cell, the recovery rate of
 without a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`, and ``logit_rms_``
 against the planted logit root-mean-square.
 
-    python benchmarks/bench_attention_tokens.py [--repeats 4] [--quick]
+    python benchmarks/bench_attention_tokens.py [--repeats 4] [--quick] [--laws symmetric]
+        [--sizes 16] [--levels 1,3]
 """
 
 import argparse
@@ -29,8 +30,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--laws", default="gaussian,symmetric,skewed")
+    parser.add_argument("--sizes", default="16,64,256")
+    parser.add_argument("--levels", default="0.1,0.3,1,3", help="planted logit rms")
     args = parser.parse_args(argv)
-    laws, sizes, levels = ("gaussian", "symmetric", "skewed"), (16, 64, 256), (0.1, 0.3, 1, 3)
+    laws = tuple(args.laws.split(","))
+    sizes = tuple(int(v) for v in args.sizes.split(","))
+    levels = tuple(float(v) for v in args.levels.split(","))
     if args.quick:
         laws, sizes, levels, args.repeats = ("symmetric",), (16,), (0.3,), 1
     start, rows = time.perf_counter(), []
@@ -53,7 +59,8 @@ def main(argv=None):
               f", wrong without warning {silent_misses}, logit_rms_ / planted "
               f"{np.min(ratios):.2f}-{np.max(ratios):.2f}", flush=True)
     small = [r[3] for r in rows if r[2] <= 0.3]
-    print(f"logit rms <= 0.3: recovery {np.mean(small):.3f}; wrong without a warning, all "
+    recovery = f"{np.mean(small):.3f}" if small else "(no such cell)"
+    print(f"logit rms <= 0.3: recovery {recovery}; wrong without a warning, all "
           f"cells: {sum(r[4] for r in rows)}; {time.perf_counter() - start:.0f} s")
     return rows
 

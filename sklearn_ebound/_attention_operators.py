@@ -263,6 +263,9 @@ class KernelMoments:
         self.y_energy = 0.0
         self.n_sequences = 0
         self.n_queries = 0  # tokens that attend to at least one key
+        # Equations the data give on the kernel: query i constrains only ``V S_i A x_i``, at
+        # most min(rank V, rank S_i) numbers (rank S_i <= |K_i|, less one when centred).
+        self.n_equations = 0
         self.n_tokens = None
         self.n_targets = self.V.shape[0]
         self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
@@ -270,6 +273,7 @@ class KernelMoments:
         # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n.
         self.moment_blocks = []
         self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
+        self.value_rank = d if self._identity else int(np.linalg.matrix_rank(self.V))
 
     @property
     def centred(self):
@@ -307,11 +311,19 @@ class KernelMoments:
         VtV = self.V.T @ self.V
         for start in range(0, X.shape[0], _CHUNK):
             Xb, Yb = X[start:start + _CHUNK], Y[start:start + _CHUNK]
-            Xb, Yb = Xb / self.scale, Yb / self.scale  # also a copy that the caller cannot alter
             valid = None if lengths is None else valid_tokens(lengths[start:start + _CHUNK],
                                                               X.shape[1])
             allowed = allowed_keys(self._mask, valid, X.shape[1])
             n, d = X.shape[1], X.shape[2]
+            if (allowed is None and not self.centred and (self.C is not None or n >= d)
+                    and 2.0**-60 <= self.scale <= 2.0**60):
+                # Linear attention's moments of a chunk that is not kept: the statistics of the
+                # raw chunk, divided by scale^2 (a power of two, exact), equal those of the
+                # scaled one, without its copy; at this scale none can overflow.
+                self._add_unmasked(Xb, Yb, VtV, 1.0 / self.scale**2)
+                self.n_sequences += len(Xb)
+                continue
+            Xb, Yb = Xb / self.scale, Yb / self.scale  # also a copy that the caller cannot alter
             if allowed is None and self.C is None and n < d:
                 # Wide tokens: the products through the n x n token Gram (O(n^2 d)) are
                 # cheaper than through the d x d moments (O(d^3)).
@@ -325,9 +337,13 @@ class KernelMoments:
                 self.blocks.append((Xb, Yb if self.centred else None, valid))
         return self
 
-    def _add_unmasked(self, Xb, Yb, VtV):
+    def _add_unmasked(self, Xb, Yb, VtV, factor=1.0):
+        """``factor``: the statistics' second-order scaling (``1 / scale^2`` for a raw chunk of
+        linear attention, whose statistics are all quadratic in the data)."""
         n = Xb.shape[1]
         P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
+        if factor != 1.0:
+            P *= factor
         if self.centred:
             # Around uniform weights the output is V x̄ plus a term linear in the centred
             # moment: y_i - V x̄ = V C A x_i.
@@ -337,18 +353,26 @@ class KernelMoments:
             S = Xcb.transpose(0, 2, 1) @ Xcb / n  # mixing moment of each sequence
         else:
             S = P / n
-        T = S @ S if self._identity else S @ VtV @ S
         if self._keeps_moments:
             self.moment_blocks.append(S)
-        if self.C is not None:
-            _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
+        if self.C is None and self._identity:
+            # sum_s S_s S_s = [S_1; ...; S_b]ᵀ [S_1; ...; S_b]: one GEMM, no T_s kept.
+            stacked = S.reshape(-1, S.shape[2])
+            self.T_sum += n * (stacked.T @ stacked)
+        else:
+            T = S @ S if self._identity else S @ VtV @ S
+            self.T_sum += n * T.sum(axis=0)
+            if self.C is not None:
+                _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
         # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
         YtX = Yb.transpose(0, 2, 1) @ Xb
+        if factor != 1.0:
+            YtX *= factor
         self.rhs += (S @ (YtX if self._identity else self.V.T @ YtX)).sum(axis=0)
         self.P_sum += P.sum(axis=0)
-        self.T_sum += n * T.sum(axis=0)
-        self.y_energy += float(np.sum(Yb**2))
+        self.y_energy += factor * float(np.vdot(Yb, Yb))
         self.n_queries += Xb.shape[0] * n
+        self.n_equations += Xb.shape[0] * n * min(self.value_rank, n - self.centred)
 
     def _add_masked(self, Xb, Yb, allowed, VtV):
         weights, queries = uniform_weights(allowed)
@@ -363,6 +387,9 @@ class KernelMoments:
         self.T_sum += _moment_products(Xb, weights, VtV, self.centred)
         self.y_energy += float(np.sum(Yb**2))
         self.n_queries += int(queries.sum())
+        counts = np.broadcast_to(allowed.sum(axis=-1), queries.shape)
+        self.n_equations += int(np.clip(np.minimum(self.value_rank, counts - self.centred), 0,
+                                        None).sum())
         if self.C is not None:
             self._add_dense_per_token(Xb, Xq, weights, VtV)
 
@@ -403,6 +430,7 @@ class KernelMoments:
         self.y_energy += other.y_energy
         self.n_sequences += other.n_sequences
         self.n_queries += other.n_queries
+        self.n_equations += other.n_equations
         self.blocks += other.blocks
         self.moment_blocks += other.moment_blocks
         return self
@@ -453,8 +481,10 @@ class KernelMoments:
     def _solve_iteratively(self, tol=1e-10, max_iter=500):
         """Conjugate gradients on ``G vec(A) = b`` from the compressed ``C``."""
         index = self._index()
-        return _conjugate_gradients(lambda A: self._matvec(A, index), self.rhs,
-                                    self._preconditioner(self.T_sum), tol, max_iter)[0]
+        A, _, self._products = _conjugate_gradients(
+            lambda A: self._matvec(A, index), self.rhs, self._preconditioner(self.T_sum), tol,
+            max_iter)
+        return A
 
     def _dense_solve(self):
         d = self.rhs.shape[0]
@@ -556,45 +586,70 @@ class KernelMoments:
             T_sum += _moment_products(X, weights, VtV, True)
         return loss, rhs, T_sum
 
-    def _gauss_newton(self, A, span=None, max_iter=30, tol=1e-10):
-        """Least squares of the softmax model from the linearised ``A``: Gauss–Newton steps,
-        each solved by preconditioned conjugate gradients, halved until the residual falls.
+    def _gauss_newton(self, A, span=None, max_steps=30, max_products=100, fraction=1e-2):
+        """Least squares of the softmax model from the linearised ``A``: Levenberg–Marquardt
+        steps, each solved by preconditioned conjugate gradients.
 
-        Returns the kernel, its residual energy, ``sum_i T_i`` at it and whether the steps
-        converged (relative decrease of the residual below ``tol``... or no step lowering it
-        from a point where the gradient vanishes to solver precision).
+        The Gauss–Newton matrix ``Jᵀ J`` is singular along kernels the tokens and the value
+        map do not determine (few keys per query, ``rank V < d``), and ill-conditioned near
+        them, so plain Gauss–Newton steps neither converge in a bounded number of products
+        nor stay bounded. Each step solves ``(Jᵀ J + lambda D) step = Jᵀ r`` with ``D`` the
+        Kronecker metric ``T ⊗ P / N`` of the preconditioner: the preconditioned operator's
+        eigenvalues lie above ``lambda``, and ``lambda`` follows the gain ratio of the steps
+        (Nielsen's rule, Madsen, Nielsen & Tingleff 2004, sect. 3.2).
+
+        Stops (converged) when the decrease the Gauss–Newton model still offers, ``gᵀ M g``
+        (``g = Jᵀ r``, ``M`` the preconditioner; about the squared ``G``-norm of the kernel's
+        error), is below ``fraction^2`` times the noise energy of the least squares, ``sigma^2
+        k^2`` (``k^2`` entries on the tokens' span, ``sigma^2`` from the residual), as for the
+        linearised solve; or at float64 resolution, where a noise-free fit ends (its residual
+        is rounding, and a relative test on it would never pass). Otherwise after
+        ``max_steps`` steps of at most ``max_products`` products each (not converged).
+
+        Returns the kernel, its residual energy, ``sum_i T_i`` at it, whether the steps
+        converged, the steps taken and the products of the normal operator.
         """
         loss, rhs, T_sum = self._softmax_residuals(A)
-        converged = False
-        for _ in range(max_iter):
-            # Inexact Gauss-Newton: each step solved to 1e-4 (the steps shrink geometrically,
-            # so the last ones are solved far below the noise).
-            step, _ = _conjugate_gradients(
-                lambda D, A=A: self._normal_apply(D, A), rhs, self._preconditioner(T_sum),
-                1e-4, 200)
-            if span is not None:
-                step = span @ step @ span
-            t = 1.0
-            for _ in range(12):
-                trial = A + t * step
-                with np.errstate(over="ignore", invalid="ignore"):
-                    new = self._softmax_residuals(trial)
-                if np.isfinite(new[0]) and new[0] <= loss:
-                    break
-                t /= 2
-            else:
-                # No step lowers the residual: a minimum to solver precision, if the gradient
-                # there is negligible against the noise.
-                converged = float(np.sum(rhs * step)) <= tol * max(loss, 1e-300)
-                break
-            decrease = loss - new[0]
-            A = trial
-            loss, rhs, T_sum = new
-            if decrease <= tol * loss or np.linalg.norm(t * step) <= 1e-9 * np.linalg.norm(A):
+        # The decrease left below which the kernel's error is rounding: its relative size
+        # 1e3 eps (the residual, which sets the noise level, is floored far above, at 64 eps).
+        floor = (1e3 * np.finfo(float).eps) ** 2 * self.y_energy
+        N = self.n_queries
+        k2 = self.rhs.size if span is None else round(np.trace(span)) ** 2
+        tol = fraction**2 * k2 / max(N * self.n_targets - k2, 1)
+        damping, growth = 1e-3, 2.0
+        converged, steps, products = False, 0, 0
+        while steps < max_steps:
+            precondition = self._preconditioner(T_sum)
+            if float(np.sum(rhs * precondition(rhs))) <= max(tol * loss, floor):
                 converged = True
                 break
+            steps += 1
+
+            def metric(D, T_sum=T_sum):
+                return T_sum @ D @ self.P_sum / N
+
+            def apply(D, A=A, damping=damping, metric=metric):
+                return self._normal_apply(D, A) + damping * metric(D)
+
+            step, _, used = _conjugate_gradients(apply, rhs, precondition, 1e-4, max_products)
+            products += used
+            if span is not None:
+                step = span @ step @ span
+            # The decrease the damped linear model predicts: gᵀ step + lambda stepᵀ D step.
+            predicted = float(np.sum(rhs * step) + damping * np.sum(step * metric(step)))
+            with np.errstate(over="ignore", invalid="ignore"):
+                new = self._softmax_residuals(A + step)
+            gain = (loss - new[0]) / predicted if predicted > 0 else -1.0
+            if np.isfinite(new[0]) and gain > 0:
+                A = A + step
+                loss, rhs, T_sum = new
+                damping *= max(1 / 3, 1 - (2 * gain - 1) ** 3)
+                growth = 2.0
+            else:
+                damping *= growth
+                growth *= 2
         self._weights_cache = None
-        return A, loss, T_sum, converged
+        return A, loss, T_sum, converged, steps, products
 
     def _local_noise(self, whitened_direction, T_root, P_root, A, tol=1e-4):
         """The noise variance along a direction of the whitened kernel, relative to the
@@ -613,7 +668,16 @@ class KernelMoments:
         else:
             apply = lambda Z: self._normal_apply(Z, A)  # noqa: E731
             T_sum = T_root @ T_root
-        solution, _ = _conjugate_gradients(apply, B, self._preconditioner(T_sum), tol, 300)
+        # The CG iterate Z underestimates Bᵀ G^{-1} B by the error's squared G-norm rᵀ G^{-1} r,
+        # which exceeds rz = rᵀ M r by at most the largest noise ratio: about 1 for linear
+        # attention (0.98-1.17 measured: Gaussian, causal, vocabulary tokens), 1.2-3.4 for the
+        # softmax fit on clean tokens and up to 2e4 saturated (A given). Stopped
+        # when rz is below 1e-3 of the estimate over that ratio (a cut off by < 0.1%), or at the
+        # residual tol.
+        fraction = 1e-4 if A is None else 1e-7
+        solution, _, _ = _conjugate_gradients(
+            apply, B, self._preconditioner(T_sum), tol, 300,
+            enough=lambda Z, rz: rz <= fraction * float(np.sum(B * Z)))
         return float(np.sum(B * solution)) / self.n_queries
 
     def _enough(self, A, rz, fraction=1e-2):
@@ -651,63 +715,82 @@ class KernelMoments:
         ratio}``: the noise variance along the singular directions near the cut relative to
         the whitening's assumption; the cut of direction ``k`` is scaled by its square
         root),
-        ``converged`` (``False`` where the softmax fit did not converge) and ``solver``.
+        ``converged`` (``False`` where the softmax fit did not converge), ``solver``,
+        ``identified`` (whether the data give at least as many equations, ``n_equations``,
+        as the kernel on the tokens' span has entries, ``n_unknowns``; without, the softmax
+        fit is not refined and the rank is not read from the normal matrix),
+        ``gauss_newton_steps`` and ``n_products`` (products of the normal operator by a
+        ``d x d`` matrix in the conjugate-gradient solves, dense solves aside).
         """
         if self.n_sequences == 0:
             raise ValueError("No sequences were added.")
         d = self.rhs.shape[0]
         N = self.n_queries
         self._factor = None
+        self._products = 0
         if self.C is not None and d * d <= dense_limit:
             A, solver = self._dense_solve(), "dense"
         elif self.C is not None:
             A, solver = self._solve_iteratively(tol=1e-10 if tol is None else tol), "cg"
         else:
             self._consolidate()
-            A, _ = _conjugate_gradients(self._normal_apply, self.rhs,
-                                        self._preconditioner(self.T_sum),
-                                        1e-9 if tol is None else tol, 1000,
-                                        enough=None if tol is not None else self._enough)
+            A, _, self._products = _conjugate_gradients(
+                self._normal_apply, self.rhs, self._preconditioner(self.T_sum),
+                1e-9 if tol is None else tol, 1000,
+                enough=None if tol is not None else self._enough)
             solver = "cg"
+        products = self._products
         # Only the kernel on the span of the tokens acts (x_iᵀ A x_j, S_i A x_i): tokens of a
         # vocabulary may span fewer than d directions, and the rest of A is not identifiable.
         span = _token_span(self.P_sum)
         if span is not None:
             A = span @ A @ span
+        k = d if span is None else int(round(np.trace(span)))  # the identifiable block
+        # The data give at most n_equations numbers on the k^2 entries of that block: fewer,
+        # and the least squares is one of many exact fits (the minimum-norm one), whose rank
+        # says nothing of the kernel's; the softmax fit would only fit more of the same.
+        identified = self.n_equations >= k * k
         # Residual sum of squares ||Y||^2 - bᵀ vec(Â) (least squares), floored at float64
         # resolution.
         rss = max(self.y_energy - self.rhs.ravel() @ A.ravel(),
                   64 * np.finfo(float).eps * self.y_energy)
         root = _sqrtm_psd(self.P_sum / N)
         linearised_rms = float(np.linalg.norm(root @ A.T @ root))
-        T_sum, converged, weights_at = self.T_sum, True, None
-        if self.centred and self.refine and self.blocks:
+        T_sum, converged, weights_at, steps = self.T_sum, True, None, 0
+        refined = self.centred and self.refine and bool(self.blocks) and identified
+        if refined:
             self._consolidate()
-            A, loss, T_sum, converged = self._gauss_newton(A, span)
+            A, loss, T_sum, converged, steps, used = self._gauss_newton(A, span)
+            products += used
             rss = max(loss, 64 * np.finfo(float).eps * self.y_energy)
             weights_at = A
 
-        # N d_out observations, d^2 parameters.
-        noise_variance = rss / max(N * self.n_targets - d * d, 1)
+        # N d_out observations, d^2 parameters (at most n_equations of them determined).
+        noise_variance = rss / max(N * self.n_targets - min(d * d, self.n_equations), 1)
         T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
         whitened = T_root @ A @ P_root / np.sqrt(N)
         U, s, Vt = np.linalg.svd(whitened)
-        k = d if span is None else int(round(np.trace(span)))  # the identifiable block
         threshold = optimal_hard_threshold(s[:k], np.sqrt(noise_variance), shape=(k, k))
         # The whitening takes G for a Kronecker product. Near the cut, the noise variance
         # along each singular direction is computed from G itself, and the cut scaled by it.
         kronecker_rank = rank = int(np.sum(s > threshold))
         local = {}
+        # For the softmax fit the noise along a direction can exceed the Kronecker one by any
+        # factor (saturated weights leave kernel directions all but undetermined: ratios up to
+        # 2e4 measured on a vocabulary of 8 +- pairs at logit rms 3), so on the way down every
+        # counted direction is checked, not only those within a factor 2 of the cut.
+        saturable = weights_at is not None
 
-        def passes(k):  # s_k against the cut scaled by the noise along its own direction
-            if not threshold / 2 < s[k] < 2 * threshold:
+        def passes(k, down=False):  # s_k against the cut scaled by the noise along itself
+            near = threshold / 2 < s[k] < 2 * threshold or (down and saturable)
+            if not identified or not near:
                 return s[k] > threshold
             local[k] = self._local_noise(np.outer(U[:, k], Vt[k]), T_root, P_root, weights_at)
             return s[k] > threshold * np.sqrt(max(local[k], 0.0))
 
         # Only the values next to the cut decide the count: walk down while the last one
         # counted fails its corrected cut, or up while the first one left out passes it.
-        while rank > 0 and len(local) < 6 and not passes(rank - 1):
+        while rank > 0 and len(local) < 6 and not passes(rank - 1, down=True):
             rank -= 1
         if rank == kronecker_rank:
             while rank < d and len(local) < 6 and passes(rank):
@@ -720,7 +803,9 @@ class KernelMoments:
                      noise_variance=noise_variance,
                      logit_rms=float(np.linalg.norm(root @ kernel @ root)),
                      linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
-                     exact=not self.centred or (bool(self.blocks) and self.refine and converged))
+                     identified=identified, n_equations=int(self.n_equations),
+                     n_unknowns=k * k, gauss_newton_steps=steps, n_products=int(products),
+                     exact=identified and (not self.centred or (refined and converged)))
 
 
 def _token_span(P, rtol=1e-10):
@@ -764,21 +849,24 @@ def _concatenate_blocks(group):
 
 
 def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
-    """Preconditioned conjugate gradients on ``apply(A) = b`` (matrices); the solution and
-    whether the relative residual reached ``tol``. ``enough(A, rz)``, if given, also stops
-    the iterations (``rz = rᵀ P^{-1} r``, about the error's squared ``G``-norm)."""
+    """Preconditioned conjugate gradients on ``apply(A) = b`` (matrices); the solution, whether
+    the relative residual reached ``tol`` and the number of products ``apply`` taken.
+    ``enough(A, rz)``, if given, also stops the iterations (``rz = rᵀ P^{-1} r``, about the
+    error's squared ``G``-norm)."""
     A = precondition(b)
     R = b - apply(A)
     Z = precondition(R)
     D = Z.copy()
     rz = np.sum(R * Z)
     b_norm = np.linalg.norm(b)
+    products = 1
     for _ in range(max_iter):
         if np.linalg.norm(R) <= tol * b_norm or rz <= 0:
-            return A, True
+            return A, True, products
         if enough is not None and enough(A, rz):
-            return A, True
+            return A, True, products
         GD = apply(D)
+        products += 1
         curvature = np.sum(D * GD)
         if curvature <= 0:
             break
@@ -789,7 +877,7 @@ def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
         rz_new = np.sum(R * Z)
         D = Z + (rz_new / rz) * D
         rz = rz_new
-    return A, bool(np.linalg.norm(R) <= tol * b_norm)
+    return A, bool(np.linalg.norm(R) <= tol * b_norm), products
 
 
 def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None):

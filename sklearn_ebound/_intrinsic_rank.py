@@ -89,7 +89,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
       skewed laws), ``logit_rms_`` measures its logits, and near the threshold the noise along
       each singular direction comes from the normal matrix itself (a
       :class:`~sklearn_ebound.exceptions.RankEstimationWarning` says when that decided the
-      count, or when only the linearisation was fitted and its logits pass 1). Without it the
+      count, when only the linearisation was fitted and its logits pass 1, when the fit
+      stopped before converging, or when the sequences give fewer equations on the kernel,
+      ``min(rank V, keys - 1)`` a query, than it has entries: then it is not identified and
+      not refined). Without it the
       per-token operator is a linearisation, and a direction of ``W`` that ``V`` annihilates
       is invisible.
     - masks and padding: ``mask="causal"`` (or a 0/1 array) restricts each query to its

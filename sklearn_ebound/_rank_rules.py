@@ -68,6 +68,8 @@ __all__ = [
     "static_rule",
     "cap_by_energy",
     "logit_caveat",
+    "identification_caveat",
+    "convergence_caveat",
     "whitening_caveat",
     "short_sequence_caveat",
 ]
@@ -115,8 +117,11 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
         components = orthonormal_directions(directions)
     caveats = list(reading.caveats)
     exact = kernel is not None and kernel.get("exact", attention == "linear")
+    if kernel is not None:
+        caveats.append(identification_caveat(kernel))
     if kernel is not None and attention == "softmax":
         caveats.append(logit_caveat(kernel.logit_rms, exact))
+        caveats.append(convergence_caveat(kernel))
     if kernel is not None and criterion == "threshold":
         caveats.append(whitening_caveat(kernel))
     # The model is only approximate for an unknown value map and for the linearised softmax:
@@ -779,6 +784,28 @@ def whitening_caveat(fit):
             f"there, as with large logits or few keys per query): corrected, the rank is "
             f"{fit.rank}; uncorrected it would be {kronecker}. Values this close to the cut "
             "make the rank uncertain.")
+
+
+def identification_caveat(fit):
+    """Where the data give fewer equations on the query–key kernel than it has entries, a
+    caveat: the least squares is one exact fit among many, and its rank not the kernel's."""
+    if fit.get("identified", True):
+        return None
+    return (f"The sequences give at most {fit.n_equations} equations on the query-key kernel, "
+            f"fewer than its {fit.n_unknowns} entries on the span of the tokens (each query "
+            "constrains only min(rank of the value map, keys it attends to) numbers): the "
+            "kernel is not identified and the rank read from its minimum-norm least squares "
+            "may be wrong. Add sequences, use longer ones, or pass a value map of higher rank.")
+
+
+def convergence_caveat(fit):
+    """Where the Gauss–Newton fit of the softmax model stopped before converging, a caveat."""
+    if fit.get("converged", True):
+        return None
+    return (f"The least-squares fit of the softmax model stopped after "
+            f"{fit.get('gauss_newton_steps', 0)} Gauss-Newton steps "
+            f"({fit.get('n_products', 0)} products of the normal operator) before converging: "
+            "the kernel is not the softmax's least squares and the rank may be wrong.")
 
 
 def logit_caveat(logit_rms, exact=False):

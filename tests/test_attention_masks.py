@@ -223,3 +223,66 @@ def test_kernel_outside_the_tokens_span_is_not_fitted():
     outside = basis[8:]
     assert np.abs(outside @ est.qk_kernel_).max() < 1e-8 * np.abs(est.qk_kernel_).max()
     assert np.abs(est.qk_kernel_ @ outside.T).max() < 1e-8 * np.abs(est.qk_kernel_).max()
+
+
+def test_noise_free_softmax_beyond_the_dense_width_converges_in_few_products():
+    # Noise-free outputs: a stop relative to the noise would never pass (the residual is
+    # rounding). The Levenberg-Marquardt fit ends at float64 resolution in a few steps, each
+    # of a bounded number of products, and reads the planted rank.
+    X, Y, params = make_attention_task("softmax", 300, 16, 56, 16, rank=3, value="random",
+                                       noise=0.0, random_state=0, return_params=True)
+    fit = KernelMoments(params.V, "softmax").update(X, Y).solve()
+    assert fit.solver == "cg" and fit.identified and fit.converged and fit.exact
+    assert fit.rank == 3
+    assert fit.gauss_newton_steps <= 8 and fit.n_products <= 200
+    np.testing.assert_allclose(fit.kernel, params.W * params.logit_scale / np.sqrt(56),
+                               atol=1e-8 * np.abs(params.W).max())
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_too_few_equations_on_the_kernel_warn_and_are_not_refined(mask):
+    # 12 sequences of 16 tokens through a rank-8 value map: each query constrains at most
+    # min(8, keys - 1) numbers of the 56^2 kernel entries, so the least squares is one exact
+    # fit of many (the minimum-norm one read 56 without a warning).
+    X, Y, params = make_attention_task("softmax", 12, 16, 56, 8, rank=3, value="random",
+                                       mask=mask, noise=0.0, random_state=0,
+                                       return_params=True)
+    fit = KernelMoments(params.V, "softmax", mask=mask).update(X, Y).solve()
+    keys = np.full(16, 16) if mask is None else np.arange(1, 17)
+    assert fit.n_equations == 12 * np.minimum(8, keys - 1).sum()
+    assert not fit.identified and fit.gauss_newton_steps == 0 and not fit.exact
+    with pytest.warns(RankEstimationWarning, match="not identified"):
+        IntrinsicRankEstimator("attention", value=params.V, mask=mask).fit(X, Y)
+    # With enough sequences the same task is identified, and reads its rank silently.
+    X, Y = make_attention_task("softmax", 400, 16, 56, 8, rank=3, value=params.V,
+                               mask=mask, noise=0.01, random_state=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RankEstimationWarning)
+        assert IntrinsicRankEstimator("attention", value=params.V, mask=mask).fit(X, Y).rank_ == 3
+
+
+@pytest.mark.filterwarnings("ignore:The fitted attention logits")  # also strained, and said
+def test_a_softmax_fit_stopped_before_converging_warns(monkeypatch):
+    X, Y, params = make_attention_task("softmax", 300, 16, 6, rank=2, logit_scale=8.0,
+                                       noise=0.05, random_state=0, return_params=True)
+    original = KernelMoments._gauss_newton
+    monkeypatch.setattr(KernelMoments, "_gauss_newton",
+                        lambda self, A, span=None: original(self, A, span, max_steps=1))
+    with pytest.warns(RankEstimationWarning, match="before converging"):
+        IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_saturated_softmax_on_a_symmetric_vocabulary_checks_every_counted_direction(seed):
+    # 6 +- pairs at logit rms 3: saturated weights leave kernel directions whose noise is
+    # far above the Kronecker whitening's (ratios up to 2e4 measured at d = 16). Checked only
+    # within a factor 2 of the plain cut, these draws read 4 for a planted 3 without a
+    # warning; checked against their own noise the extra direction falls, and the
+    # correction is said.
+    beta = 3.0 / np.sqrt(3 / 12)
+    X, Y = make_attention_task("softmax", 200, 16, 12, rank=3, logit_scale=beta, noise=0.1,
+                               vocabulary_size=12, vocabulary_law="symmetric",
+                               random_state=seed)
+    with pytest.warns(RankEstimationWarning, match="Kronecker whitening"):
+        est = IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
+    assert est.rank_ == 3
