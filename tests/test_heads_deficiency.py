@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sklearn_ebound.heads import (
+    CALIBRATION_MODULES,
     HELD_OUT_MODULES,
+    WIDE_CALIBRATION_MODULES,
     compress_heads,
     compression_frontier,
     docstring_sentences,
@@ -484,6 +486,15 @@ def test_train_at_the_planned_ranks(bert_result):
     with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
         head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
                         train_at=plan)
+
+
+def test_calibration_and_held_out_modules_are_disjoint():
+    assert WIDE_CALIBRATION_MODULES[:len(CALIBRATION_MODULES)] == CALIBRATION_MODULES
+    assert not set(WIDE_CALIBRATION_MODULES) & set(HELD_OUT_MODULES)
+    wide = docstring_sentences(WIDE_CALIBRATION_MODULES)
+    # more text than the default set, every sentence prose of its own module set
+    assert len(wide) > 2 * len(docstring_sentences())
+    assert all(6 <= len(s.split()) <= 40 for s in wide)
 
 
 @pytest.mark.parametrize("module", ["_deficiency", "_text"])
