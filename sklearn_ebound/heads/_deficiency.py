@@ -809,7 +809,7 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         the stream weighs little); ``"tolerance"``: one tolerance for all heads (the largest
         total within the budget); ``"uniform"``: the same rank for every head. Measured on
         all-MiniLM-L6-v2, ``"greedy"`` and ``"residual"`` give the same held-out fidelity
-        within the texts' spread (``docs/real_models.rst``).
+        within the texts' spread (:ref:`real_models`).
     weighting : {"output", "none"}, default="output"
         What ``"greedy"`` sums: each head's relative error times its ``output_share`` (the
         head's energy in the residual stream, so that the error is on the scale of what the
