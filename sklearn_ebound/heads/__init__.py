@@ -28,7 +28,12 @@ from ._deficiency import (
 )
 from ._inputs import load_pretrained
 from ._ranks import HeadRankResult, head_ranks
-from ._text import CALIBRATION_MODULES, HELD_OUT_MODULES, docstring_sentences
+from ._text import (
+    CALIBRATION_MODULES,
+    HELD_OUT_MODULES,
+    WIDE_CALIBRATION_MODULES,
+    docstring_sentences,
+)
 from ._weights import NAMINGS
 
 __all__ = [
@@ -47,5 +52,6 @@ __all__ = [
     "docstring_sentences",
     "CALIBRATION_MODULES",
     "HELD_OUT_MODULES",
+    "WIDE_CALIBRATION_MODULES",
     "load_pretrained",
 ]

@@ -135,11 +135,24 @@ class _Batches:
                 return None if a is None else torch.as_tensor(a, dtype=dtype)
 
             self.groups.append(dict(X=as_t(X), mask=torch.as_tensor(mask), cos=as_t(cos),
-                                    sin=as_t(sin), valid=torch.as_tensor(valid)))
+                                    sin=as_t(sin), valid=torch.as_tensor(valid),
+                                    index=np.asarray(idx)))
+        self.n_sequences = len(sequences)
 
     def tokens(self):
         """All real augmented tokens ``(T, d + 1)`` as numpy."""
         return np.concatenate([g["X"][g["valid"]].numpy() for g in self.groups])
+
+    def energies(self):
+        """``(n_sequences,)``: each sequence's ``sum ||x||^2`` over its tokens (no bias)."""
+        out = np.zeros(self.n_sequences)
+        for g in self.groups:
+            out[g["index"]] = (g["X"][..., :-1] ** 2).sum((1, 2)).numpy()
+        return out
+
+    def per_sequence(self, g, values):
+        """Sum ``values`` ``(b, n, k)`` over the real tokens and ``k``: ``(b,)`` numpy."""
+        return (values * g["valid"][..., None]).sum((1, 2)).numpy()
 
 
 def _rotate(t, cos, sin):
@@ -227,14 +240,27 @@ class _HeadForms:
 # --- curves ---------------------------------------------------------------------------------
 
 
+def _stream_root(wo):
+    """``C`` (``d_h x d_h``) with ``||delta C|| = ||delta w_o||`` for every row ``delta``."""
+    return None if wo is None else _metric_root(wo @ wo.T)
+
+
 def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
-    """Relative output error at every rank of ``ranks`` (increasing), ``||O||^2`` and
-    ``||O w_o||^2`` (the head's energy in the residual stream; NaN without ``wo``)."""
+    """Errors of one head at every rank of ``ranks`` (increasing).
+
+    Returns the relative output error ``(len(ranks),)``, ``||O||^2``, ``||O w_o||^2`` (the
+    head's energy in the residual stream) and ``(len(ranks), n_sequences)``: each sequence's
+    ``||(O(r) - O) w_o||^2``, the error in the residual stream (the last two NaN without
+    ``wo``).
+    """
     torch = require("torch")
     wq_b = torch.as_tensor(wq @ forms.A_Q)
     wk_b = torch.as_tensor(wk @ forms.A_K)
     wq_t, wk_t, wv_t = (torch.as_tensor(w) for w in (wq, wk, wv))
+    root = _stream_root(wo)
+    root_t = None if root is None else torch.as_tensor(root)
     num = np.zeros(len(ranks))
+    per_seq = np.full((len(ranks), batches.n_sequences), np.nan if wo is None else 0.0)
     den, stream = 0.0, 0.0 if wo is not None else np.nan
     for g in batches.groups:
         X, mask, valid = g["X"], g["mask"], g["valid"][..., None]
@@ -243,27 +269,33 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
                                                                        g["sin"]), v, mask, d_h)
         den += float(torch.sum((full * valid) ** 2))
         if wo is not None:
-            stream += float(torch.sum(((full @ torch.as_tensor(wo)) * valid) ** 2))
+            stream += float(torch.sum(((full @ root_t) * valid) ** 2))
         q, k = _rotate(X @ wq_b, g["cos"], g["sin"]), _rotate(X @ wk_b, g["cos"], g["sin"])
         for i, r in enumerate(ranks):
             cols = forms.columns(r)
             qc = q[..., cols] if len(cols) else torch.zeros_like(q[..., :1])
             kc = k[..., cols] if len(cols) else torch.zeros_like(k[..., :1])
-            out = _attend(qc, kc, v, mask, d_h)
-            num[i] += float(torch.sum(((out - full) * valid) ** 2))
-    return num / max(den, np.finfo(float).tiny), den, stream
+            delta = _attend(qc, kc, v, mask, d_h) - full
+            num[i] += float(torch.sum((delta * valid) ** 2))
+            if wo is not None:
+                per_seq[i, g["index"]] = batches.per_sequence(g, (delta @ root_t) ** 2)
+    return num / max(den, np.finfo(float).tiny), den, stream, per_seq
 
 
-def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps):
-    """Train a rank-``r`` pair from the data-aware one; returns ``(eval error, W~_Q', W~_K')``.
+def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None):
+    """Train a rank-``r`` pair from the data-aware one.
 
     The pair lives in a :class:`~sklearn_ebound.nn.LowRankAttention` on the augmented tokens
     (its value map fixed to the head's, its logit scale making the scores ``q k^T /
     sqrt(d_h)``); the forward pass applies the model's mask, which that module does not take.
+
+    Returns ``(eval error, per-sequence residual-stream error on eval, W~_Q', W~_K')`` (the
+    second as in :func:`_head_curve`, NaN without ``wo``).
     """
     torch = require("torch")
     from ..nn import LowRankAttention
 
+    parts = {"cal": cal, "eval": ev}
     d1 = wq.shape[0]
     module = LowRankAttention(d1, rank=r, attention="softmax", value=wv.T,
                               logit_scale=math.sqrt(d1) / math.sqrt(d_h)).double()
@@ -279,18 +311,17 @@ def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps):
         return (torch.softmax((X @ module.W_Q @ (X @ module.W_K).transpose(-1, -2) * scale)
                               .masked_fill(~g["mask"], -torch.inf), -1) @ module.value_map(X))
 
-    targets = {}
-    for name, batches in (("cal", cal), ("eval", ev)):
+    targets, den = {}, {}
+    for name, batches in parts.items():
         with torch.no_grad():
             targets[name] = [_attend(g["X"] @ wq_t, g["X"] @ wk_t, module.value_map(g["X"]),
                                      g["mask"], d_h) for g in batches.groups]
-    den = {name: sum(float(torch.sum((t * g["valid"][..., None]) ** 2))
-                     for t, g in zip(targets[name], b.groups, strict=True))
-           for name, b in (("cal", cal), ("eval", ev))}
+        den[name] = sum(float(torch.sum((t * g["valid"][..., None]) ** 2))
+                        for t, g in zip(targets[name], batches.groups, strict=True))
 
-    def loss_of(name, batches):
+    def loss_of(name):
         total = 0.0
-        for t, g in zip(targets[name], batches.groups, strict=True):
+        for t, g in zip(targets[name], parts[name].groups, strict=True):
             total = total + torch.sum(((outputs(g) - t) * g["valid"][..., None]) ** 2)
         return total / den[name]
 
@@ -300,20 +331,26 @@ def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps):
 
     def closure():
         optimizer.zero_grad()
-        loss = loss_of("cal", cal)
+        loss = loss_of("cal")
         loss.backward()
         return loss
 
     with torch.no_grad():
-        start = float(loss_of("cal", cal))
+        start = float(loss_of("cal"))
         init = (module.W_Q.detach().clone(), module.W_K.detach().clone())
     optimizer.step(closure)
     with torch.no_grad():
-        if not float(loss_of("cal", cal)) < start:  # keep the start if training did not help
+        if not float(loss_of("cal")) < start:  # keep the start if training did not help
             module.W_Q.copy_(init[0])
             module.W_K.copy_(init[1])
-        error = float(loss_of("eval", ev))
-    return error, module.W_Q.detach().numpy().copy(), module.W_K.detach().numpy().copy()
+        error = float(loss_of("eval"))
+        per_seq = np.full(ev.n_sequences, np.nan)
+        if wo is not None:
+            root = torch.as_tensor(_stream_root(wo))
+            for t, g in zip(targets["eval"], ev.groups, strict=True):
+                per_seq[g["index"]] = ev.per_sequence(g, ((outputs(g) - t) @ root) ** 2)
+    return (error, per_seq, module.W_Q.detach().numpy().copy(),
+            module.W_K.detach().numpy().copy())
 
 
 def _eps_rank(curve, eps):
@@ -376,6 +413,42 @@ class HeadDeficiencyResult(ResultTable):
                 rows.append(row)
         return ResultTable(rows, epsilons=list(epsilons), head_dim=self.head_dim)
 
+    def residual_curves(self, method="data", *, per_text=False):
+        """Each head's error in the residual stream, relative to the stream at its layer.
+
+        The error of head ``h`` of a layer at rank ``r`` after the output projection,
+        ``||(O_h(r) - O_h) w_o[h]||^2``, over the energy ``||x||^2`` of the layer's input on
+        the same evaluation tokens: absolute in the stream's units, so that a head which adds
+        little to the stream weighs little however large its relative error. Summed over the
+        heads of a layer it is the layer's relative stream error up to the cross terms of
+        the heads' errors.
+
+        Parameters
+        ----------
+        method : {"data", "weight", "trained"}, default="data"
+            ``"trained"``: the trained pair where one was trained at a rank (as
+            :func:`compress_heads` writes it), else the data-aware form.
+        per_text : bool, default=False
+            ``False``: over all evaluation tokens, ``(n_layers, n_heads, d_h + 1)``;
+            ``True``: each evaluation text on its own, ``(n_layers, n_heads, d_h + 1,
+            n_evaluation)``.
+
+        Returns
+        -------
+        curves : ndarray
+            NaN where not measured (and everywhere for a model without output projection).
+        """
+        if method not in METHODS:
+            raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
+        err = self._stream_err["data" if method == "trained" else method].astype(float)
+        if method == "trained":
+            trained = self._stream_err["trained"].astype(float)
+            err = np.where(np.isnan(trained), err, trained)
+        energy = self._text_energy[:, None, None, :]
+        if per_text:
+            return err / np.maximum(energy, np.finfo(float).tiny)
+        return err.sum(-1) / np.maximum(energy.sum(-1), np.finfo(float).tiny)
+
     def achievable_curves(self):
         """The best error found at each rank: trained where trained, else data-aware."""
         data, trained = self.curves("data"), self.curves("trained")
@@ -402,19 +475,25 @@ class HeadDeficiencyResult(ResultTable):
         """
         wq, wk = self._weights[layer]
         g = self._kv_index[layer][head]
-        out_q, out_k = np.zeros_like(wq[head]), np.zeros_like(wk[g])
-        if method == "trained" and (layer, head, rank) in self._trained:
-            tq, tk = self._trained[(layer, head, rank)]
-            out_q[:, :rank], out_k[:, :rank] = tq, tk
-            return out_q, out_k
+        pair = self._trained.get((layer, head, rank)) if method == "trained" else None
         forms = self._forms[(layer, head, "weight" if method == "weight" else "data")]
-        cols = forms.columns(rank)
-        if forms.rotary:  # planes kept in place; keys untouched
-            out_q[:, cols] = wq[head][:, cols]
-            return out_q, wk[g].copy()
-        out_q[:, :len(cols)] = wq[head] @ forms.A_Q[:, cols]
-        out_k[:, :len(cols)] = wk[g] @ forms.A_K[:, cols]
+        return _factors(wq[head], wk[g], forms, rank, pair)
+
+
+def _factors(wq, wk, forms, rank, pair=None):
+    """A head's rank-``rank`` ``(W~_Q', W~_K')`` padded to ``(d + 1) x d_h``: the trained
+    ``pair`` if given, else the form's."""
+    out_q, out_k = np.zeros_like(wq), np.zeros_like(wk)
+    if pair is not None:
+        out_q[:, :rank], out_k[:, :rank] = pair
         return out_q, out_k
+    cols = forms.columns(rank)
+    if forms.rotary:  # planes kept in place; keys untouched
+        out_q[:, cols] = wq[:, cols]
+        return out_q, wk.copy()
+    out_q[:, :len(cols)] = wq @ forms.A_Q[:, cols]
+    out_k[:, :len(cols)] = wk @ forms.A_K[:, cols]
+    return out_q, out_k
 
 
 def _check_fraction(value, name):
@@ -469,7 +548,6 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
         Seed of the calibration split.
     progress : callable, default=None
         Called as ``progress(done, total)`` after each head.
-
     Returns
     -------
     result : HeadDeficiencyResult
@@ -537,33 +615,42 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     ranks = list(range(d_h + 1))
     rows, forms_all, trained_all, weights, kv_index = [], {}, {}, [], []
     share = np.full((len(chosen), len(head_list)), np.nan)
+    n_eval = len(eval_texts)
+    # Residual-stream errors of every evaluation text (float32: L x H x (d_h + 1) x texts).
+    stream_err = {m: np.full((len(chosen), len(head_list), d_h + 1, n_eval), np.nan,
+                             np.float32) for m in METHODS}
+    text_energy = np.full((len(chosen), n_eval), np.nan)
     total, done = len(chosen) * len(head_list), 0
     train_seconds = 0.0
     n_eval_tokens = 0
     start = time.perf_counter()
+    def batches_of(layer, part):
+        seqs, rots = capture_inputs(model, [layer], part, tokenizer, rotary=rotary,
+                                    max_length=max_length, batch_size=batch_size,
+                                    stop_early=True)
+        seqs, rots = seqs[0], rots[0]
+        if rotary:
+            rots = [r if r is not None else rope_tables(len(x), d_h, theta)
+                    for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
+        return _Batches(seqs, rots if rotary else None, causal, torch.float64)
+
     for li, layer in enumerate(chosen):
         wq, wk, wv = _augmented(layer)
         weights.append((wq, wk))
         kv_index.append(layer.kv_index)
-        parts = {}
-        for name, part in (("cal", cal_texts), ("eval", eval_texts)):
-            seqs, rots = capture_inputs(model, [layer], part, tokenizer, rotary=rotary,
-                                        max_length=max_length, batch_size=batch_size,
-                                        stop_early=True)
-            seqs, rots = seqs[0], rots[0]
-            if rotary:
-                rots = [r if r is not None else rope_tables(len(x), d_h, theta)
-                        for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
-            parts[name] = _Batches(seqs, rots if rotary else None, causal, torch.float64)
+        parts = {name: batches_of(layer, part)
+                 for name, part in (("cal", cal_texts), ("eval", eval_texts))}
         n_eval_tokens = int(sum(int(g["valid"].sum()) for g in parts["eval"].groups))
-        input_energy = float(np.sum(parts["eval"].tokens()[:, :-1] ** 2))
+        text_energy[li] = parts["eval"].energies()
+        input_energy = float(text_energy[li].sum())
         tokens = parts["cal"].tokens()
         root_q = _metric_root(tokens.T @ tokens / len(tokens))
         centred = np.concatenate([
             (g["X"][i][g["valid"][i]].numpy() - g["X"][i][g["valid"][i]].numpy().mean(0))
             for g in parts["cal"].groups for i in range(g["X"].shape[0])])
         root_k = _metric_root(centred.T @ centred / len(centred))
-        for h in head_list:
+        wo = (lambda h: None) if layer.w_o is None else (lambda h: layer.w_o[h])
+        for hi, h in enumerate(head_list):
             g = int(layer.kv_index[h])
             curves = {}
             for m in ("weight", "data"):
@@ -573,27 +660,26 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                          _HeadForms(wq[h], wk[g], rotary, root_q, root_k))
                 forms_all[(li, h, m)] = forms
                 if m in methods:
-                    curves[m], _, stream = _head_curve(
-                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks,
-                        None if layer.w_o is None else layer.w_o[h])
-                    share[li, head_list.index(h)] = stream / input_energy
+                    curves[m], _, stream, stream_err[m][li, hi] = _head_curve(
+                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks, wo(h))
+                    share[li, hi] = stream / input_energy
             trained = np.full(d_h + 1, np.nan)
             if "trained" in methods and not rotary:
                 t0 = time.perf_counter()
                 forms = forms_all[(li, h, "data")]
                 for r in [] if train_at is None else train_at.get((layer.index, h), []):
                     if 1 <= r < d_h:
-                        err, tq, tk = _train_head(parts["cal"], parts["eval"], wq[h], wk[g],
-                                                  wv[g], forms, r, d_h, train_steps)
-                        trained[r] = err
+                        (trained[r], stream_err["trained"][li, hi, r], tq,
+                         tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
+                                           forms, r, d_h, train_steps, wo(h))
                         trained_all[(li, h, r)] = (tq, tk)
                 for eps in [] if train_at is not None else epsilons:
                     r = _eps_rank(curves["data"], eps) - 1
                     while r >= 1:
                         if np.isnan(trained[r]):
-                            err, tq, tk = _train_head(parts["cal"], parts["eval"], wq[h], wk[g],
-                                                      wv[g], forms, r, d_h, train_steps)
-                            trained[r] = err
+                            (trained[r], stream_err["trained"][li, hi, r], tq,
+                             tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
+                                               forms, r, d_h, train_steps, wo(h))
                             trained_all[(li, h, r)] = (tq, tk)
                         if trained[r] > eps:
                             break
@@ -621,6 +707,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     result._forms, result._trained = forms_all, trained_all
     result._weights, result._kv_index = weights, kv_index
     result._full_heads = chosen[0].n_heads
+    result._stream_err, result._text_energy = stream_err, text_energy
     return result
 
 
@@ -663,12 +750,45 @@ def _greedy(curves, units):
         curves.shape[:2])
 
 
+def _greedy_worst(per_text, units, share):
+    """Ranks minimising the mean over the worst ``share`` of the texts of their summed
+    errors (``per_text``: ``(n_layers, n_heads, d_h + 1, n_texts)``), greedily by marginal
+    gain per unit of rank as :func:`_greedy` does."""
+    flat = per_text.reshape(-1, *per_text.shape[2:])
+    n, d_h, n_texts = flat.shape[0], flat.shape[1] - 1, flat.shape[2]
+    k = max(1, int(math.ceil(share * n_texts)))
+    heads, jumps = np.arange(n), np.arange(1, d_h + 1)
+
+    def worst(totals):  # mean of the k largest along the last axis
+        return -np.partition(-totals, k - 1, axis=-1)[..., :k].mean(-1)
+
+    ranks = np.zeros(n, dtype=int)
+    totals = flat[:, 0].sum(0)
+    left = units
+    while left > 0:
+        target = np.minimum(ranks[:, None] + jumps[None, :], d_h)
+        delta = flat[heads[:, None], target] - flat[heads, ranks][:, None]  # heads, jumps, texts
+        gains = (worst(totals) - worst(totals + delta)) / jumps[None, :]
+        allowed = (ranks[:, None] + jumps[None, :] <= d_h) & (jumps[None, :] <= left)
+        gains = np.where(allowed, gains, -np.inf)
+        h, j = np.unravel_index(np.argmax(gains), gains.shape)
+        if not gains[h, j] > 0:
+            break
+        totals = totals + delta[h, j]
+        ranks[h] += jumps[j]
+        left -= jumps[j]
+    return ranks.reshape(per_text.shape[:2])
+
+
 def _tolerance_ranks(curves, eps):
     return np.array([[_eps_rank(c, eps) for c in layer] for layer in curves])
 
 
+ALLOCATIONS = ("greedy", "residual", "tolerance", "uniform")
+
+
 def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="greedy",
-               weighting="output"):
+               weighting="output", worst_texts=None):
     """A per-head rank allocation from the measured curves.
 
     Parameters
@@ -680,20 +800,32 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         Tolerance: each head gets its eps-rank (exactly one of ``budget`` and ``eps``).
     method : {"trained", "data", "weight"}, default="trained"
         The curves planned on (``"trained"``: the best pair found at each rank).
-    allocation : {"greedy", "tolerance", "uniform"}, default="greedy"
-        For a budget: greedy by marginal error (the sum of relative errors over heads), one
-        tolerance for all heads (the largest total within the budget), or the same rank for
-        every head.
+    allocation : {"greedy", "residual", "tolerance", "uniform"}, default="greedy"
+        For a budget: ``"greedy"`` by marginal error (the sum over heads of their relative
+        errors, weighted by ``weighting``); ``"residual"`` greedy by marginal error in the
+        residual stream (the sum over heads of
+        :meth:`HeadDeficiencyResult.residual_curves`: each head's error after its output
+        projection, relative to the stream at its layer, so that a head adding little to
+        the stream weighs little); ``"tolerance"``: one tolerance for all heads (the largest
+        total within the budget); ``"uniform"``: the same rank for every head. Measured on
+        all-MiniLM-L6-v2, ``"greedy"`` and ``"residual"`` give the same held-out fidelity
+        within the texts' spread (:ref:`real_models`).
     weighting : {"output", "none"}, default="output"
-        What the greedy allocation sums: each head's relative error times its
-        ``output_share`` (the head's energy in the residual stream, so that the error is on
-        the scale of what the layer adds), or the relative errors as they are.
+        What ``"greedy"`` sums: each head's relative error times its ``output_share`` (the
+        head's energy in the residual stream, so that the error is on the scale of what the
+        layer adds), or the relative errors as they are.
+    worst_texts : float, default=None
+        With ``"residual"``: plan for the mean over the worst ``worst_texts`` fraction of
+        the evaluation texts (each text's residual-stream error summed over heads) instead
+        of the error over all tokens, to protect the texts that suffer most.
 
     Returns
     -------
     plan : ResultTable
-        Rows ``layer``, ``head``, ``rank``, ``error`` (the head's measured error at that
-        rank); metadata ``budget_used``, ``method``, ``allocation``, ``budget``, ``eps``.
+        Rows ``layer``, ``head``, ``rank``, ``error`` (the head's measured relative error
+        at that rank) and ``residual_error`` (its residual-stream error, NaN without output
+        projections); metadata ``budget_used``, ``method``, ``allocation``, ``weighting``,
+        ``worst_texts``, ``budget``, ``eps``.
     """
     if (budget is None) == (eps is None):
         raise ValueError("Give exactly one of `budget` and `eps`.")
@@ -701,10 +833,20 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
     if weighting not in ("output", "none"):
         raise ValueError(f"`weighting` must be 'output' or 'none'. Got {weighting!r}.")
-    if allocation not in ("greedy", "tolerance", "uniform"):
-        raise ValueError("`allocation` must be 'greedy', 'tolerance' or 'uniform'. Got "
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}. Got "
                          f"{allocation!r}.")
+    if worst_texts is not None:
+        if allocation != "residual":
+            raise ValueError("`worst_texts` needs allocation='residual'.")
+        if (isinstance(worst_texts, bool) or not isinstance(worst_texts, Real)
+                or not 0 < worst_texts <= 1):
+            raise ValueError(f"`worst_texts` must be a number in (0, 1]. Got {worst_texts!r}.")
     curves = _plan_curves(result, method)
+    residual = result.residual_curves(method)
+    if allocation == "residual" and np.isnan(residual[np.isfinite(curves)]).any():
+        raise ValueError("allocation='residual' needs the heads' output projections; the "
+                         "result holds no residual-stream errors.")
     d_h = result.head_dim
     if eps is not None:
         eps = _check_fraction(eps, "eps")
@@ -720,6 +862,11 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
             if weighting == "output" and np.all(np.isfinite(result.output_share)):
                 weights = np.asarray(result.output_share, dtype=float)
             ranks = _greedy(curves * weights[..., None], units)
+        elif allocation == "residual" and worst_texts is not None:
+            ranks = _greedy_worst(result.residual_curves(method, per_text=True), units,
+                                  float(worst_texts))
+        elif allocation == "residual":
+            ranks = _greedy(residual, units)
         else:  # one tolerance: bisect on log eps for the largest total within the budget
             lo, hi = 1e-8, 1.0
             ranks = _tolerance_ranks(curves, hi)
@@ -735,10 +882,12 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         for hi_, h in enumerate(result.heads):
             r = int(ranks[li, hi_])
             rows.append({"layer": int(layer), "head": h, "rank": r,
-                         "error": float(curves[li, hi_, r])})
+                         "error": float(curves[li, hi_, r]),
+                         "residual_error": float(residual[li, hi_, r])})
     used = float(ranks.sum() / (ranks.size * d_h))
     return ResultTable(rows, budget_used=used, method=method, allocation=allocation,
-                       weighting=weighting, budget=budget, eps=eps, head_dim=d_h)
+                       weighting=weighting, worst_texts=worst_texts, budget=budget, eps=eps,
+                       head_dim=d_h)
 
 
 def _projection_names(naming, attention_module):

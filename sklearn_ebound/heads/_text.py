@@ -10,13 +10,22 @@ import inspect
 import re
 import warnings
 
-__all__ = ["docstring_sentences", "CALIBRATION_MODULES", "HELD_OUT_MODULES"]
+__all__ = ["docstring_sentences", "CALIBRATION_MODULES", "HELD_OUT_MODULES",
+           "WIDE_CALIBRATION_MODULES"]
 
 # Two disjoint sets of modules: text to calibrate on, and other text to check on.
 CALIBRATION_MODULES = ("argparse", "collections", "json", "logging", "pathlib", "subprocess",
                        "textwrap", "unittest", "difflib", "inspect", "typing", "threading")
 HELD_OUT_MODULES = ("email.message", "http.client", "tarfile", "zipfile", "shutil", "random",
                     "datetime", "decimal", "fractions", "heapq", "calendar", "configparser")
+# More topics to calibrate on, still disjoint from the held-out modules (and from their
+# subjects: no other HTTP, mail, archive, compression, date or number module).
+WIDE_CALIBRATION_MODULES = CALIBRATION_MODULES + (
+    "os", "socket", "itertools", "io", "ssl", "xml.etree.ElementTree", "dataclasses",
+    "contextlib", "abc", "queue", "sched", "optparse", "pdb", "pydoc", "doctest", "locale",
+    "codecs", "sysconfig", "pkgutil", "ast", "dis", "tokenize", "traceback", "weakref",
+    "shelve", "tempfile", "base64", "ipaddress", "platform", "plistlib", "webbrowser",
+    "socketserver", "xmlrpc.client", "getpass", "mimetypes", "fnmatch", "getopt")
 
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODE = re.compile(r"[=<>{}\[\]\\|@#$`~^*_]|\(\)|::|>>>|\.\.\.|\w\.\w")
