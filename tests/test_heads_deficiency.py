@@ -6,9 +6,8 @@ plans and the predictors; the real all-MiniLM-L6-v2 (packaged on PyPI) runs on a
 sentences and heads. Text is the docstrings of Python's standard library.
 """
 
-import os
-
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -374,6 +373,11 @@ def test_predictors_value_known_and_guarded(bert_result):
                               layers=[0])
     assert np.isnan(guarded.column("data_only_value_known").astype(float)).all()
     assert "GiB" in guarded.rows[0]["known_reason"]
+    # Three windows of 6 tokens give at most 3 * 6 * 5 = 90 equations on the kernel's
+    # entries: not identified, so no rank is read from its minimum-norm fit.
+    few = head_predictors(model, TEXTS[:3], tokenizer=tokenizer, window=6, layers=[0])
+    assert np.isnan(few.column("data_only_value_known").astype(float)).all()
+    assert all("not identified" in r["known_reason"] for r in few.rows)
     agreement = predictor_agreement(table, result)
     names = {r["predictor"] for r in agreement.rows}
     assert names == {"kernel_energy_rank_90", "field_energy_rank_90",

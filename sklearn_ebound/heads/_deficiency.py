@@ -649,9 +649,10 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
             (g["X"][i][g["valid"][i]].numpy() - g["X"][i][g["valid"][i]].numpy().mean(0))
             for g in parts["cal"].groups for i in range(g["X"].shape[0])])
         root_k = _metric_root(centred.T @ centred / len(centred))
-        wo = (lambda h: None) if layer.w_o is None else (lambda h: layer.w_o[h])
+        w_o = layer.w_o  # (n_heads, d_h, d) output projections, or None
         for hi, h in enumerate(head_list):
             g = int(layer.kv_index[h])
+            head_o = None if w_o is None else w_o[h]
             curves = {}
             for m in ("weight", "data"):
                 if m not in methods and not (m == "data" and "trained" in methods):
@@ -661,7 +662,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                 forms_all[(li, h, m)] = forms
                 if m in methods:
                     curves[m], _, stream, stream_err[m][li, hi] = _head_curve(
-                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks, wo(h))
+                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks, head_o)
                     share[li, hi] = stream / input_energy
             trained = np.full(d_h + 1, np.nan)
             if "trained" in methods and not rotary:
@@ -671,7 +672,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                     if 1 <= r < d_h:
                         (trained[r], stream_err["trained"][li, hi, r], tq,
                          tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                           forms, r, d_h, train_steps, wo(h))
+                                           forms, r, d_h, train_steps, head_o)
                         trained_all[(li, h, r)] = (tq, tk)
                 for eps in [] if train_at is not None else epsilons:
                     r = _eps_rank(curves["data"], eps) - 1
@@ -679,7 +680,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                         if np.isnan(trained[r]):
                             (trained[r], stream_err["trained"][li, hi, r], tq,
                              tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                               forms, r, d_h, train_steps, wo(h))
+                                               forms, r, d_h, train_steps, head_o)
                             trained_all[(li, h, r)] = (tq, tk)
                         if trained[r] > eps:
                             break
@@ -1108,6 +1109,30 @@ def _known_value_bytes(d, n_sequences, n_tokens):
     return 8 * (3 * n_sequences * n_tokens * (d + n_tokens) + 16 * d * d)
 
 
+def _kernel_equations(n_windows, window, value_rank, causal):
+    """At most how many equations the windows give on a head's query-key kernel, value known.
+
+    A query attending to ``K`` keys constrains ``min(rank V, K - 1)`` numbers of the kernel
+    (the softmax is blind to a shift of its logits): the count of
+    :class:`~sklearn_ebound.IntrinsicRankEstimator`, below which the kernel is not identified.
+    """
+    keys = np.arange(1, window + 1) if causal else np.full(window, window)
+    return int(n_windows * np.minimum(value_rank, keys - 1).sum())
+
+
+def _known_value_reason(d, n_windows, window, span, value_rank, causal, max_memory):
+    """Why the value-known estimate is not run on the windows (``""`` when it is); ``span`` is
+    the dimension the windows' tokens span, ``value_rank`` the rank of the value map."""
+    need = _known_value_bytes(d, n_windows, window)
+    if need > max_memory:
+        return f"value-known statistics need {need / 2 ** 30:.1f} GiB > max_memory"
+    equations = _kernel_equations(n_windows, window, value_rank, causal)
+    if equations < span * span:
+        return (f"kernel not identified: {n_windows} windows give at most {equations} equations "
+                f"on its {span}^2 = {span * span} entries")
+    return ""
+
+
 def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, window=16,
                     taus=(0.9,), max_memory=2 ** 31, max_length=64, batch_size=32):
     """Rank predictors of every head, from its weights, its logit field and its data alone.
@@ -1124,8 +1149,12 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
     the model's mask (for a causal model the window's outputs are the model's own).
 
     The value-known statistics take a ``d(d+1)/2``-square matrix up to ``d = 48`` and the
-    windows themselves above (the matrix-free solver); when that exceeds ``max_memory`` bytes
-    the estimate is NaN and ``known_reason`` says why.
+    windows themselves above (the matrix-free solver). The estimate is NaN, and
+    ``known_reason`` says why, when that exceeds ``max_memory`` bytes, or when the windows
+    give fewer equations on the kernel than it has entries (a query constrains at most
+    ``min(rank W_V, keys - 1)`` numbers; the estimator's own count): there the kernel is not
+    identified, and any rank read from it would be one exact fit among many. A causal model's
+    windows are read with ``mask="causal"``.
 
     Returns
     -------
@@ -1162,9 +1191,7 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
             raise ValueError(f"Fewer than 2 texts have `window`={window} tokens; lower it.")
         X = np.stack([seqs[0][i][:window] for i in keep])
         n_windows = len(X)
-        need = _known_value_bytes(d, n_windows, window)
-        reason = ("" if need <= max_memory else
-                  f"value-known statistics need {need / 2 ** 30:.1f} GiB > max_memory")
+        span = np.linalg.matrix_rank(X.reshape(-1, d))  # the kernel's identifiable side
         rot = None
         if rotary:
             tables = [rots[0][i] if rots[0] and rots[0][i] is not None
@@ -1194,18 +1221,22 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
 
             from ..exceptions import RankEstimationWarning
 
+            mask = "causal" if causal else None
+            reason = _known_value_reason(d, n_windows, window, span,
+                                         np.linalg.matrix_rank(layer.w_v[g]), causal, max_memory)
             with warnings.catch_warnings():
                 # The caveats (softmax linearised, finite windows) are the point measured here.
                 warnings.simplefilter("ignore", RankEstimationWarning)
                 row["data_only_value_unknown"] = IntrinsicRankEstimator(
-                    operator="attention", attention="softmax", value=None).fit(X, Y).rank_
+                    operator="attention", attention="softmax", value=None,
+                    mask=mask).fit(X, Y).rank_
                 if reason:
                     row["data_only_value_known"] = np.nan
                 else:
                     bias = 0.0 if layer.b_v is None else layer.b_v[g]
                     row["data_only_value_known"] = IntrinsicRankEstimator(
-                        operator="attention", attention="softmax",
-                        value=layer.w_v[g].T).fit(X, Y - bias).rank_
+                        operator="attention", attention="softmax", value=layer.w_v[g].T,
+                        mask=mask).fit(X, Y - bias).rank_
             row["known_reason"] = reason
             rows.append(row)
     return ResultTable(rows, window=window, n_windows=n_windows,
