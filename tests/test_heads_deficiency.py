@@ -287,7 +287,7 @@ def test_residual_allocation_and_the_worst_texts(bert_result):
 def test_greedy_plans_are_optimal_on_convex_curves(seed, units):
     # For decreasing convex curves the greedy by marginal gain is the exact optimum of the
     # separable allocation; the worst-texts greedy with every text counted is the same problem.
-    from sklearn_ebound.heads._deficiency import _greedy, _greedy_worst
+    from sklearn_ebound.heads._planning import _greedy, _greedy_worst
 
     rng = np.random.default_rng(seed)
     d_h, n_texts = 4, 3

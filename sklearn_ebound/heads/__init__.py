@@ -15,18 +15,16 @@ to end. Running models needs the optional ``heads`` extra (``transformers``,
 :class:`~sklearn_ebound.display.HeadDeficiencyDisplay` draw the results.
 """
 
-from ._deficiency import (
-    HeadDeficiencyResult,
+from ._compression import (
     compress_heads,
     compression_frontier,
     embedding_fidelity,
-    head_deficiency,
-    head_predictors,
     perplexity,
-    plan_ranks,
-    predictor_agreement,
 )
+from ._deficiency import HeadDeficiencyResult, head_deficiency
 from ._inputs import load_pretrained
+from ._planning import plan_ranks
+from ._predictors import head_predictors, predictor_agreement
 from ._ranks import HeadRankResult, head_ranks
 from ._text import (
     CALIBRATION_MODULES,

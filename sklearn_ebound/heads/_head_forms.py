@@ -1,0 +1,206 @@
+"""A pretrained head's attention on captured inputs, and its rank-``r`` query-key forms.
+
+The inputs of a layer are batched with the model's own mask (padding, causal for decoders) and
+rotary tables; :class:`HeadForms` holds a head's bases of the bilinear form ``B = W~_Q W~_K^T``
+on ``[x, 1]`` (in the weights' metric or in the tokens' own), from which every rank-``r`` form
+of :mod:`._deficiency` is cut. The conventions are those of :func:`head_deficiency`.
+"""
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from ._inputs import config_heads, load_pretrained, require
+from ._weights import extract_layers
+
+METHODS = ("weight", "data", "trained")
+_GROUP = 32  # sequences per padded batch
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+def model_source(model_or_dir, tokenizer):
+    import os
+
+    if isinstance(model_or_dir, (str, os.PathLike)):
+        model, loaded = load_pretrained(model_or_dir)
+        tokenizer = loaded if tokenizer is None else tokenizer
+    elif hasattr(model_or_dir, "state_dict") and hasattr(model_or_dir, "config"):
+        model = model_or_dir
+    else:
+        raise TypeError("`model` must be a Hugging Face model or the directory of a saved one. "
+                        f"Got {type(model_or_dir).__name__} instead.")
+    if tokenizer is None:
+        raise ValueError("Text needs a `tokenizer`; the model directory holds none.")
+    return model, tokenizer
+
+
+def layers_of(model):
+    n_heads, n_kv, theta = config_heads(model.config)
+    naming, layers = extract_layers(model.state_dict(), n_heads, n_kv_heads=n_kv)
+    if any(layer.w_v is None for layer in layers):
+        raise ValueError("The model's state dict holds no value weights; the head outputs "
+                         "need them.")
+    return naming, layers, theta
+
+
+def is_causal(model, naming):
+    return naming != "bert" or bool(getattr(model.config, "is_decoder", False))
+
+
+def check_texts(texts, name):
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError(f"`{name}` must be a list of strings.")
+    texts = [t for t in texts if t.strip()]
+    if len(texts) < 2:
+        raise ValueError(f"`{name}` must hold at least 2 non-empty texts. Got {len(texts)}.")
+    return texts
+
+def check_fraction(value, name):
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < 1:
+        raise ValueError(f"`{name}` must be a number in (0, 1). Got {value!r} instead.")
+    return float(value)
+
+
+class HeadBatches:
+    """Sequences of one layer in padded groups of similar length, as float64 torch tensors.
+
+    ``X`` is ``(b, n, d + 1)`` (the augmented tokens ``[x, 1]``, zero at padding), ``mask``
+    ``(b, n, n)`` the allowed (query, key) pairs, ``valid`` ``(b, n)`` the real tokens,
+    ``cos``/``sin`` ``(b, n, d_h)`` the rotary tables (``None`` without rotary).
+    """
+
+    def __init__(self, sequences, rotations, causal, dtype):
+        torch = require("torch")
+        order = np.argsort([len(x) for x in sequences], kind="stable")
+        self.groups = []
+        for start in range(0, len(order), _GROUP):
+            idx = order[start:start + _GROUP]
+            n = max(len(sequences[i]) for i in idx)
+            d = sequences[idx[0]].shape[1]
+            X = np.zeros((len(idx), n, d + 1))
+            valid = np.zeros((len(idx), n), bool)
+            cos = sin = None
+            if rotations is not None:
+                d_h = rotations[idx[0]][0].shape[1]
+                cos, sin = np.ones((len(idx), n, d_h)), np.zeros((len(idx), n, d_h))
+            for row, i in enumerate(idx):
+                m = len(sequences[i])
+                X[row, :m, :d] = sequences[i]
+                X[row, :m, d] = 1.0
+                valid[row, :m] = True
+                if rotations is not None:
+                    cos[row, :m], sin[row, :m] = rotations[i]
+            mask = valid[:, None, :] & valid[:, :, None]
+            if causal:
+                mask &= np.tril(np.ones((n, n), bool))
+            # Padding rows attend to themselves only, so that no row of softmax is empty.
+            mask |= np.eye(n, dtype=bool)[None] & ~valid[:, :, None]
+            def as_t(a):
+                return None if a is None else torch.as_tensor(a, dtype=dtype)
+
+            self.groups.append(dict(X=as_t(X), mask=torch.as_tensor(mask), cos=as_t(cos),
+                                    sin=as_t(sin), valid=torch.as_tensor(valid),
+                                    index=np.asarray(idx)))
+        self.n_sequences = len(sequences)
+
+    def tokens(self):
+        """All real augmented tokens ``(T, d + 1)`` as numpy."""
+        return np.concatenate([g["X"][g["valid"]].numpy() for g in self.groups])
+
+    def energies(self):
+        """``(n_sequences,)``: each sequence's ``sum ||x||^2`` over its tokens (no bias)."""
+        out = np.zeros(self.n_sequences)
+        for g in self.groups:
+            out[g["index"]] = (g["X"][..., :-1] ** 2).sum((1, 2)).numpy()
+        return out
+
+    def per_sequence(self, g, values):
+        """Sum ``values`` ``(b, n, k)`` over the real tokens and ``k``: ``(b,)`` numpy."""
+        return (values * g["valid"][..., None]).sum((1, 2)).numpy()
+
+
+def rotate(t, cos, sin):
+    if cos is None:
+        return t
+    half = t.shape[-1] // 2
+    return t * cos + __import__("torch").cat([-t[..., half:], t[..., :half]], -1) * sin
+
+
+def attend(q, k, v, mask, d_h):
+    """``softmax(q k^T / sqrt(d_h) + mask) v`` with a boolean mask (True: allowed)."""
+    torch = require("torch")
+    logits = q @ k.transpose(-1, -2) / math.sqrt(d_h)
+    logits = logits.masked_fill(~mask, -torch.inf)
+    return torch.softmax(logits, -1) @ v
+
+
+# --- the rank-r forms -----------------------------------------------------------------------
+
+
+def augmented_weights(layer):
+    """``W~_Q (n_heads, d+1, d_h)``, ``W~_K``, ``W~_V`` (``n_kv_heads``) with the bias rows."""
+    def aug(w, b):
+        row = np.zeros((w.shape[0], 1, w.shape[2])) if b is None else b[:, None, :]
+        return np.concatenate([w, row], axis=1)
+    return aug(layer.w_q, layer.b_q), aug(layer.w_k, layer.b_k), aug(layer.w_v, layer.b_v)
+
+
+def metric_root(M):
+    """``L`` with ``L L^T = M`` for a symmetric PSD ``M`` (eigenvalues clipped at zero)."""
+    w, E = np.linalg.eigh((M + M.T) / 2)
+    return E * np.sqrt(np.clip(w, 0.0, None))
+
+
+def _svd_bases(wq, wk, root_q=None, root_k=None):
+    """``A_Q, A_K`` (``d_h x d_h``): the first ``r`` columns give the best rank-``r`` form.
+
+    ``L_Q^T W~_Q = Q_1 R_1``, ``L_K^T W~_K = Q_2 R_2`` and ``R_1 R_2^T = U S V^T``; then
+    ``L_Q^T W~_Q A_Q[:, :r] (L_K^T W~_K A_K[:, :r])^T = Q_1 [R_1 R_2^T]_r Q_2^T`` with
+    ``A_Q = R_1^+ U S^{1/2}``, ``A_K = R_2^+ V S^{1/2}``: the truncated SVD of the form in the
+    metric, with factors in the span of the head's own weights.
+    """
+    mq = wq if root_q is None else root_q.T @ wq
+    mk = wk if root_k is None else root_k.T @ wk
+    r1 = np.linalg.qr(mq, mode="r")
+    r2 = np.linalg.qr(mk, mode="r")
+    U, s, Vt = np.linalg.svd(r1 @ r2.T)
+    root_s = np.sqrt(s)
+    return np.linalg.pinv(r1) @ (U * root_s), np.linalg.pinv(r2) @ (Vt.T * root_s)
+
+
+def _plane_order(wq, wk, root_q=None, root_k=None):
+    """Rotation planes ``(k, k + d_h/2)`` by decreasing energy of their kernel (in the metric)."""
+    mq = wq if root_q is None else root_q.T @ wq
+    mk = wk if root_k is None else root_k.T @ wk
+    half = wq.shape[1] // 2
+    energy = []
+    for k in range(half):
+        cols = [k, k + half]
+        energy.append(np.trace((mq[:, cols].T @ mq[:, cols]) @ (mk[:, cols].T @ mk[:, cols])))
+    return np.argsort(energy, kind="stable")[::-1]
+
+
+class HeadForms:
+    """The rank-``r`` query and key factors of one head under one method."""
+
+    def __init__(self, wq, wk, rotary, root_q=None, root_k=None):
+        self.rotary = rotary
+        self.d_h = wq.shape[1]
+        if rotary:
+            self.planes = _plane_order(wq, wk, root_q, root_k)
+            self.A_Q = self.A_K = np.eye(self.d_h)
+        else:
+            self.A_Q, self.A_K = _svd_bases(wq, wk, root_q, root_k)
+
+    def columns(self, r):
+        """Columns of the bases kept at rank ``r``."""
+        if not self.rotary:
+            return np.arange(r)
+        half = self.d_h // 2
+        kept = self.planes[:r // 2]
+        return np.sort(np.concatenate([kept, kept + half]))
+
+

@@ -1,0 +1,194 @@
+"""A per-head rank allocation under a budget or a tolerance, from measured deficiency curves.
+
+Greedy by marginal error (the heads' relative output errors, or their errors in the residual
+stream, optionally over the worst texts), one tolerance for every head, or uniform ranks.
+"""
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from .._results import ResultTable
+from ._deficiency import eps_rank
+from ._head_forms import METHODS, check_fraction
+
+__all__ = ["ALLOCATIONS", "plan_ranks"]
+
+
+def plan_curves(result, method):
+    curves = result.achievable_curves() if method == "trained" else result.curves(method)
+    if np.isnan(curves).all():
+        raise ValueError(f"The result holds no {method!r} curves; compute them with "
+                         f"`methods` including {method!r}.")
+    return curves
+
+
+def _greedy(curves, units):
+    """Ranks minimising the sum of errors for ``units`` total rank, greedily by marginal gain.
+
+    Each step moves one head up by the jump (of any size) with the largest error decrease per
+    unit of rank; a non-monotone curve is read through its running minimum.
+    """
+    flat = np.minimum.accumulate(curves.reshape(-1, curves.shape[-1]), axis=1)
+    d_h = flat.shape[1] - 1
+    ranks = np.zeros(len(flat), dtype=int)
+    jumps = np.arange(1, d_h + 1)
+    heads = np.arange(len(flat))
+    left = units
+    while left > 0:
+        target = ranks[:, None] + jumps[None, :]  # (heads, jumps)
+        allowed = (target <= d_h) & (jumps[None, :] <= left)
+        gains = (flat[heads, ranks][:, None] - flat[heads[:, None], np.minimum(target, d_h)])
+        gains = np.where(allowed, gains / jumps[None, :], -np.inf)
+        h, j = np.unravel_index(np.argmax(gains), gains.shape)
+        if not gains[h, j] > 0:
+            break
+        ranks[h] += jumps[j]
+        left -= jumps[j]
+    # the smallest rank reaching each head's running minimum
+    raw = curves.reshape(-1, curves.shape[-1])
+    return np.array([int(np.argmin(raw[h, :r + 1])) for h, r in enumerate(ranks)]).reshape(
+        curves.shape[:2])
+
+
+def _greedy_worst(per_text, units, share):
+    """Ranks minimising the mean over the worst ``share`` of the texts of their summed
+    errors (``per_text``: ``(n_layers, n_heads, d_h + 1, n_texts)``), greedily by marginal
+    gain per unit of rank as :func:`_greedy` does."""
+    flat = per_text.reshape(-1, *per_text.shape[2:])
+    n, d_h, n_texts = flat.shape[0], flat.shape[1] - 1, flat.shape[2]
+    k = max(1, int(math.ceil(share * n_texts)))
+    heads, jumps = np.arange(n), np.arange(1, d_h + 1)
+
+    def worst(totals):  # mean of the k largest along the last axis
+        return -np.partition(-totals, k - 1, axis=-1)[..., :k].mean(-1)
+
+    ranks = np.zeros(n, dtype=int)
+    totals = flat[:, 0].sum(0)
+    left = units
+    while left > 0:
+        target = np.minimum(ranks[:, None] + jumps[None, :], d_h)
+        delta = flat[heads[:, None], target] - flat[heads, ranks][:, None]  # heads, jumps, texts
+        gains = (worst(totals) - worst(totals + delta)) / jumps[None, :]
+        allowed = (ranks[:, None] + jumps[None, :] <= d_h) & (jumps[None, :] <= left)
+        gains = np.where(allowed, gains, -np.inf)
+        h, j = np.unravel_index(np.argmax(gains), gains.shape)
+        if not gains[h, j] > 0:
+            break
+        totals = totals + delta[h, j]
+        ranks[h] += jumps[j]
+        left -= jumps[j]
+    return ranks.reshape(per_text.shape[:2])
+
+
+def _tolerance_ranks(curves, eps):
+    return np.array([[eps_rank(c, eps) for c in layer] for layer in curves])
+
+
+ALLOCATIONS = ("greedy", "residual", "tolerance", "uniform")
+
+
+def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="greedy",
+               weighting="output", worst_texts=None):
+    """A per-head rank allocation from the measured curves.
+
+    Parameters
+    ----------
+    result : HeadDeficiencyResult
+    budget : float, default=None
+        Total query-key rank kept, as a fraction of ``n_heads x d_h`` summed over the layers.
+    eps : float, default=None
+        Tolerance: each head gets its eps-rank (exactly one of ``budget`` and ``eps``).
+    method : {"trained", "data", "weight"}, default="trained"
+        The curves planned on (``"trained"``: the best pair found at each rank).
+    allocation : {"greedy", "residual", "tolerance", "uniform"}, default="greedy"
+        For a budget: ``"greedy"`` by marginal error (the sum over heads of their relative
+        errors, weighted by ``weighting``); ``"residual"`` greedy by marginal error in the
+        residual stream (the sum over heads of
+        :meth:`HeadDeficiencyResult.residual_curves`: each head's error after its output
+        projection, relative to the stream at its layer, so that a head adding little to
+        the stream weighs little); ``"tolerance"``: one tolerance for all heads (the largest
+        total within the budget); ``"uniform"``: the same rank for every head. Measured on
+        all-MiniLM-L6-v2, ``"greedy"`` and ``"residual"`` give the same held-out fidelity
+        within the texts' spread (:ref:`real_models`).
+    weighting : {"output", "none"}, default="output"
+        What ``"greedy"`` sums: each head's relative error times its ``output_share`` (the
+        head's energy in the residual stream, so that the error is on the scale of what the
+        layer adds), or the relative errors as they are.
+    worst_texts : float, default=None
+        With ``"residual"``: plan for the mean over the worst ``worst_texts`` fraction of
+        the evaluation texts (each text's residual-stream error summed over heads) instead
+        of the error over all tokens, to protect the texts that suffer most.
+
+    Returns
+    -------
+    plan : ResultTable
+        Rows ``layer``, ``head``, ``rank``, ``error`` (the head's measured relative error
+        at that rank) and ``residual_error`` (its residual-stream error, NaN without output
+        projections); metadata ``budget_used``, ``method``, ``allocation``, ``weighting``,
+        ``worst_texts``, ``budget``, ``eps``.
+    """
+    if (budget is None) == (eps is None):
+        raise ValueError("Give exactly one of `budget` and `eps`.")
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
+    if weighting not in ("output", "none"):
+        raise ValueError(f"`weighting` must be 'output' or 'none'. Got {weighting!r}.")
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}. Got "
+                         f"{allocation!r}.")
+    if worst_texts is not None:
+        if allocation != "residual":
+            raise ValueError("`worst_texts` needs allocation='residual'.")
+        if (isinstance(worst_texts, bool) or not isinstance(worst_texts, Real)
+                or not 0 < worst_texts <= 1):
+            raise ValueError(f"`worst_texts` must be a number in (0, 1]. Got {worst_texts!r}.")
+    curves = plan_curves(result, method)
+    residual = result.residual_curves(method)
+    if allocation == "residual" and np.isnan(residual[np.isfinite(curves)]).any():
+        raise ValueError("allocation='residual' needs the heads' output projections; the "
+                         "result holds no residual-stream errors.")
+    d_h = result.head_dim
+    if eps is not None:
+        eps = check_fraction(eps, "eps")
+        ranks = _tolerance_ranks(curves, eps)
+    else:
+        if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 <= budget <= 1:
+            raise ValueError(f"`budget` must be a number in [0, 1]. Got {budget!r} instead.")
+        units = int(np.floor(budget * curves.shape[0] * curves.shape[1] * d_h + 1e-9))
+        if allocation == "uniform":
+            ranks = np.full(curves.shape[:2], units // (curves.shape[0] * curves.shape[1]))
+        elif allocation == "greedy":
+            weights = np.ones(curves.shape[:2])
+            if weighting == "output" and np.all(np.isfinite(result.output_share)):
+                weights = np.asarray(result.output_share, dtype=float)
+            ranks = _greedy(curves * weights[..., None], units)
+        elif allocation == "residual" and worst_texts is not None:
+            ranks = _greedy_worst(result.residual_curves(method, per_text=True), units,
+                                  float(worst_texts))
+        elif allocation == "residual":
+            ranks = _greedy(residual, units)
+        else:  # one tolerance: bisect on log eps for the largest total within the budget
+            lo, hi = 1e-8, 1.0
+            ranks = _tolerance_ranks(curves, hi)
+            for _ in range(60):
+                mid = math.sqrt(lo * hi)
+                trial = _tolerance_ranks(curves, mid)
+                if trial.sum() <= units:
+                    hi, ranks = mid, trial
+                else:
+                    lo = mid
+    rows = []
+    for li, layer in enumerate(result.layer_indices):
+        for hi_, h in enumerate(result.heads):
+            r = int(ranks[li, hi_])
+            rows.append({"layer": int(layer), "head": h, "rank": r,
+                         "error": float(curves[li, hi_, r]),
+                         "residual_error": float(residual[li, hi_, r])})
+    used = float(ranks.sum() / (ranks.size * d_h))
+    return ResultTable(rows, budget_used=used, method=method, allocation=allocation,
+                       weighting=weighting, worst_texts=worst_texts, budget=budget, eps=eps,
+                       head_dim=d_h)
+
+
