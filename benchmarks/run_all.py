@@ -3,7 +3,9 @@
     python benchmarks/run_all.py            # full sizes (several minutes)
     python benchmarks/run_all.py --quick    # reduced sizes, a smoke run
 
-The GPU benchmark (``bench_attention_gpu.py``) is run on its own where CUDA is available.
+The GPU benchmark (``bench_attention_gpu.py``) is run on its own where CUDA is available; the
+accuracy runs (masks, tokens, power oracle, pretrained heads and their predictors) take minutes
+to hours and are run on their own, each with its command in its docstring.
 """
 
 import argparse
@@ -21,6 +23,7 @@ QUICK = {
     "bench_scaling.py": ["--quick"],
     "bench_attention_scale.py": ["--quick"],
     "bench_cli_startup.py": ["--repeats", "3"],
+    "bench_diagnostics_overhead.py": ["--repeats", "3"],
 }
 
 
