@@ -11,7 +11,7 @@ import numpy as np
 
 from .._results import ResultTable
 from ._head_forms import METHODS, check_texts, layers_of
-from ._inputs import require
+from ._inputs import require, token_batches
 from ._planning import plan_curves, plan_ranks
 
 __all__ = ["compress_heads", "embedding_fidelity", "perplexity", "compression_frontier"]
@@ -98,20 +98,12 @@ def compress_heads(model, result, plan, *, method="trained"):
     return compressed
 
 
-def _batches_of(tokenizer, texts, max_length, batch_size):
-    if getattr(tokenizer, "pad_token", None) is None:
-        batch_size = 1
-    for start in range(0, len(texts), batch_size):
-        yield tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                        max_length=max_length, return_tensors="pt")
-
-
 def _embeddings(model, texts, tokenizer, max_length, batch_size):
     torch = require("torch")
     out = []
     model.eval()
     with torch.no_grad():
-        for batch in _batches_of(tokenizer, texts, max_length, batch_size):
+        for batch in token_batches(tokenizer, texts, max_length, batch_size):
             hidden = model(**batch)[0]  # the last hidden state
             mask = batch["attention_mask"][..., None].to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
@@ -144,7 +136,7 @@ def perplexity(model, texts, tokenizer, *, max_length=128, batch_size=8):
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
-        for batch in _batches_of(tokenizer, texts, max_length, batch_size):
+        for batch in token_batches(tokenizer, texts, max_length, batch_size):
             labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
             n = int((labels[:, 1:] != -100).sum())
             if n == 0:

@@ -78,7 +78,7 @@ def rope_tables(n_tokens, head_dim, theta=10000.0):
     return np.cos(angles), np.sin(angles)
 
 
-def _tokenize(tokenizer, texts, max_length, batch_size):
+def token_batches(tokenizer, texts, max_length, batch_size):
     """Yield token batches; one text per batch when the tokenizer has no padding token."""
     if getattr(tokenizer, "pad_token", None) is None:
         batch_size = 1
@@ -151,7 +151,7 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
         model.eval()  # no dropout
         try:
             with torch.no_grad():
-                for batch in _tokenize(tokenizer, texts, max_length, batch_size):
+                for batch in token_batches(tokenizer, texts, max_length, batch_size):
                     masks.append(batch["attention_mask"].bool())
                     try:
                         model(**batch)
