@@ -179,25 +179,6 @@ def test_rotary_field_is_the_rotated_bilinear_form():
     assert np.isclose(L[0, 2, 2], X[2] @ A[0] @ B[0].T @ X[2] / np.sqrt(d_h))  # offset 0
 
 
-class _WordTokenizer:
-    """A stand-in Hugging Face tokenizer: one id per word, right padding."""
-
-    pad_token = "[PAD]"
-
-    def __init__(self, vocab_size):
-        self.vocab_size = vocab_size
-
-    def __call__(self, texts, padding, truncation, max_length, return_tensors):
-        import torch
-
-        ids = [[1 + sum(map(ord, w)) % (self.vocab_size - 1) for w in t.split()][:max_length]
-               for t in texts]
-        n = max(map(len, ids))
-        return {"input_ids": torch.tensor([x + [0] * (n - len(x)) for x in ids]),
-                "attention_mask": torch.tensor([[1] * len(x) + [0] * (n - len(x))
-                                                for x in ids])}
-
-
 def _tiny_model(kind):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
@@ -218,12 +199,12 @@ def _tiny_model(kind):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
-def test_logit_field_is_the_models_attention(kind):
+def test_logit_field_is_the_models_attention(word_tokenizer, kind):
     torch = pytest.importorskip("torch")
     model, causal = _tiny_model(kind)
     model.eval()  # no attention dropout
     texts = ["the cat sat on the mat today", "a dog ran", "birds sing in the early morning"]
-    tokenizer = _WordTokenizer(50)
+    tokenizer = word_tokenizer(50)
     n_heads = model.config.num_attention_heads
     naming, layers = extract_layers(model.state_dict(), n_heads,
                                     n_kv_heads=getattr(model.config, "num_key_value_heads",

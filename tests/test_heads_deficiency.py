@@ -37,24 +37,6 @@ TEXTS = docstring_sentences(["json", "textwrap"])[:24]
 HELD_OUT = docstring_sentences(HELD_OUT_MODULES[:2])[:12]
 
 
-class WordTokenizer:
-    """A stand-in Hugging Face tokenizer: one id per word, right padding."""
-
-    pad_token = "[PAD]"
-
-    def __init__(self, vocab_size):
-        self.vocab_size = vocab_size
-
-    def __call__(self, texts, padding=True, truncation=True, max_length=128,
-                 return_tensors="pt"):
-        ids = [[1 + sum(map(ord, w)) % (self.vocab_size - 1) for w in t.split()][:max_length]
-               for t in texts]
-        n = max(map(len, ids))
-        return {"input_ids": torch.tensor([x + [0] * (n - len(x)) for x in ids]),
-                "attention_mask": torch.tensor([[1] * len(x) + [0] * (n - len(x))
-                                                for x in ids])}
-
-
 def tiny(kind, lm=False):
     """A tiny random model whose attention is far from uniform (query/key weights scaled up)."""
     model = _tiny(kind, lm)
@@ -88,9 +70,9 @@ def _tiny(kind, lm):
 
 
 @pytest.fixture(scope="module")
-def bert_result():
+def bert_result(word_tokenizer):
     model = tiny("bert")
-    return model, head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_steps=5)
+    return model, head_deficiency(model, TEXTS, tokenizer=word_tokenizer(60), train_steps=5)
 
 
 def _block_input_or_output(model, name, texts, tokenizer, kind):
@@ -119,11 +101,11 @@ def _block_input_or_output(model, name, texts, tokenizer, kind):
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
 @pytest.mark.parametrize("method", ["weight", "data"])
-def test_curve_is_the_compressed_models_own_error(kind, method):
+def test_curve_is_the_compressed_models_own_error(word_tokenizer, kind, method):
     # err_h(r) of the curve equals the relative output error of the head in the compressed
     # model, run by transformers itself on the evaluation text: mask, biases, rotary included.
     model = tiny(kind)
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"),
                              layers=[0], random_state=1)
     assert result.causal == (kind != "bert") and result.rotary == (kind == "llama")
@@ -149,12 +131,12 @@ def test_curve_is_the_compressed_models_own_error(kind, method):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt2"])
-def test_residual_curve_is_the_compressed_models_stream_error(kind):
+def test_residual_curve_is_the_compressed_models_stream_error(word_tokenizer, kind):
     # residual_curves(per_text=True) is, text by text, the change of what the attention block
     # adds to the residual stream (after the output projection) in the compressed model, over
     # the energy of the layer's input on that text.
     model = tiny(kind)
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",), layers=[0])
     evaluation = [TEXTS[i] for i in result.evaluation_index]
     block, source = {"bert": ("encoder.layer.0.attention.output.dense", "embeddings"),
@@ -322,9 +304,9 @@ def test_trained_pairs_and_the_achievable_curve(bert_result):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_causal_lm_compression_and_perplexity(kind, tmp_path):
+def test_causal_lm_compression_and_perplexity(word_tokenizer, kind, tmp_path):
     model = tiny(kind, lm=True)
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"))
     frontier = compression_frontier(model, result, HELD_OUT, tokenizer, budgets=(0.25, 1.0))
     assert frontier.measure == "perplexity" and frontier.perplexity_original > 1
@@ -347,9 +329,9 @@ def test_causal_lm_compression_and_perplexity(kind, tmp_path):
         assert changed and all(k.endswith(("c_attn.weight", "c_attn.bias")) for k in changed)
 
 
-def test_embedding_fidelity_and_frontier(bert_result):
+def test_embedding_fidelity_and_frontier(word_tokenizer, bert_result):
     model, result = bert_result
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     same = embedding_fidelity(model, model, HELD_OUT, tokenizer)
     np.testing.assert_allclose(same.column("cosine"), 1.0, atol=1e-6)
     frontier = compression_frontier(model, result, HELD_OUT, tokenizer, budgets=(0.1, 1.0))
@@ -360,9 +342,9 @@ def test_embedding_fidelity_and_frontier(bert_result):
             assert row["mean_cosine"] > 1 - 1e-6
 
 
-def test_predictors_value_known_and_guarded(bert_result):
+def test_predictors_value_known_and_guarded(word_tokenizer, bert_result):
     model, result = bert_result
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     table = head_predictors(model, TEXTS, tokenizer=tokenizer, window=6)
     assert len(table.rows) == 4 and table.n_windows >= 10
     for row in table.rows:
@@ -395,9 +377,9 @@ def test_predictors_value_known_and_guarded(bert_result):
     assert predictor_agreement(table, untrained, reference="data").rows[0]["n_heads"] == 2
 
 
-def test_bad_input(bert_result):
+def test_bad_input(word_tokenizer, bert_result):
     model, result = bert_result
-    tokenizer = WordTokenizer(60)
+    tokenizer = word_tokenizer(60)
     with pytest.raises(TypeError, match="`texts` must be a list of strings"):
         head_deficiency(model, "one text", tokenizer=tokenizer)
     with pytest.raises(ValueError, match="at least 2 non-empty texts"):
@@ -444,7 +426,7 @@ def test_minilm_data_aware_needs_less_rank_than_the_weights():
     assert np.all(curves[..., -1] < 1e-9) and np.all(curves[..., 0] > 0.05)
 
 
-def test_displays(bert_result):
+def test_displays(word_tokenizer, bert_result):
     pytest.importorskip("matplotlib")
     import matplotlib
 
@@ -462,7 +444,7 @@ def test_displays(bert_result):
     every = HeadDeficiencyDisplay.from_result(result, methods=("data",))
     np.testing.assert_allclose(every.lines_["data"].get_ydata(), np.maximum(
         np.median(result.curves("data").reshape(-1, result.head_dim + 1), axis=0), 1e-6))
-    frontier = compression_frontier(model, result, HELD_OUT, WordTokenizer(60),
+    frontier = compression_frontier(model, result, HELD_OUT, word_tokenizer(60),
                                     budgets=(0.25, 0.5), strategies=("uniform", "plan"))
     display = CompressionFrontierDisplay.from_result(frontier)
     assert set(display.lines_) == {"uniform", "plan"}
@@ -472,10 +454,10 @@ def test_displays(bert_result):
     plt.close("all")
 
 
-def test_train_at_the_planned_ranks(bert_result):
+def test_train_at_the_planned_ranks(word_tokenizer, bert_result):
     model, result = bert_result
     plan = plan_ranks(result, budget=0.5, method="data")
-    tuned = head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), train_at=plan,
+    tuned = head_deficiency(model, TEXTS, tokenizer=word_tokenizer(60), train_at=plan,
                             train_steps=5)
     trained = tuned.curves("trained")
     for row in plan.rows:
@@ -488,7 +470,7 @@ def test_train_at_the_planned_ranks(bert_result):
     compressed = compress_heads(model, tuned, plan, method="trained")
     assert compressed is not model
     with pytest.raises(ValueError, match="`train_at` needs 'trained'"):
-        head_deficiency(model, TEXTS, tokenizer=WordTokenizer(60), methods=("data",),
+        head_deficiency(model, TEXTS, tokenizer=word_tokenizer(60), methods=("data",),
                         train_at=plan)
 
 
