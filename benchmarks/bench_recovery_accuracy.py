@@ -67,9 +67,10 @@ direction (``s_r`` of the centred signal over ``sqrt(n)``, carried into the unit
     python benchmarks/bench_recovery_accuracy.py [--quick] [--n-jobs 2] [--write-docs]
         [--from-json] [--cells NAME ...] [--reuse-peers PATH]
 
-``--reuse-peers PATH`` re-reads only this package's criteria and takes the peers' and the
-references' rates from an earlier run (every draw is a fixed function of its seed, so the draws
-are the same); the results file says which cells were reused.
+``--reuse-peers PATH`` re-reads only this package's criteria and takes every peer's and
+reference's rate that an earlier run measured on the same cell (same definition and number of
+draws: every draw is a fixed function of its seed, so the draws are the same); a method the
+earlier run left out is computed. The results file says, per cell, which methods were reused.
 """
 
 import argparse
@@ -548,11 +549,11 @@ def write_docs(results):
 
 
 def _reusable(previous, cell):
-    """The earlier run's scores of the same cell (same definition and draws), if any."""
+    """The earlier run's peer and reference scores of the same cell (same definition and draws)."""
     for res in previous.get("results", []):
-        if res["cell"] == cell and all(m in res["scores"] for m in PEERS + list(REFERENCE)):
-            return res["scores"]
-    return None
+        if res["cell"] == cell:
+            return {m: v for m, v in res["scores"].items() if m not in PACKAGE}
+    return {}
 
 
 def _commit():
@@ -614,16 +615,14 @@ def main(argv=None):
     save = not args.quick or args.output != RESULTS
     for cell in cells:
         t0 = time.perf_counter()
-        earlier = _reusable(previous, cell)
-        scores = run_cell(cell, args.n_jobs,
-                          methods=[m for m in methods if not earlier or m in PACKAGE])
+        earlier = {m: v for m, v in _reusable(previous, cell).items() if m in methods}
+        scores = run_cell(cell, args.n_jobs, methods=[m for m in methods if m not in earlier])
+        scores = {m: {**earlier, **scores}[m] for m in methods}
         if earlier:
-            scores = {**{m: earlier[m] for m in methods if m not in PACKAGE}, **scores}
-            scores = {m: scores[m] for m in methods}
-            reused.append(cell["name"])
+            reused.append({"cell": cell["name"], "methods": sorted(earlier)})
         results.append({"cell": cell, "scores": scores, "seconds": time.perf_counter() - t0})
         print(f"  {cell['name']}: {cell['reps']} draws in {results[-1]['seconds']:.0f} s"
-              + (" (peers reused)" if earlier else ""), flush=True)
+              + (f" ({len(earlier)} methods reused)" if earlier else ""), flush=True)
         if save:  # after every cell, so that an interrupted run leaves what it measured
             args.output.parent.mkdir(parents=True, exist_ok=True)
             args.output.write_text(json.dumps(dict(report, results=results, peers_reused=reused),

@@ -58,7 +58,8 @@ def test_recovery_accuracy_quick(load, tmp_path, monkeypatch):
     # Re-reading only the package's criteria keeps the peers' rates of the same draws.
     again = bench.main(["--quick", "--n-jobs", "1", "--output", str(tmp_path / "again.json"),
                         "--cells", "base", "--reuse-peers", str(out)])
-    assert again["peers_reused"] == ["base"]
+    assert again["peers_reused"] == [
+        {"cell": "base", "methods": sorted(set(bench.METHODS) - set(bench.PACKAGE))}]
     base = report["results"][1]["scores"]
     for method, score in again["results"][0]["scores"].items():
         assert score["exact"] == base[method]["exact"], method
@@ -68,6 +69,12 @@ def test_recovery_accuracy_quick(load, tmp_path, monkeypatch):
     assert [res["cell"]["name"] for res in skipped["results"]] == ["rrpack sim4", "base"]
     assert all("gridsearch" not in res["scores"] for res in skipped["results"])
     assert skipped["skipped_methods"] == ["gridsearch"]
+    # Reusing a run that left a peer out reuses the others and computes that one.
+    filled = bench.main(["--quick", "--n-jobs", "1", "--output", str(tmp_path / "filled.json"),
+                         "--cells", "base", "--reuse-peers", str(tmp_path / "skip.json")])
+    reused = filled["peers_reused"][0]["methods"]
+    assert "gridsearch" not in reused and "optht" in reused
+    assert filled["results"][0]["scores"]["gridsearch"]["exact"] == base["gridsearch"]["exact"]
 
 
 def test_recovery_summary_targets(load):
