@@ -7,8 +7,9 @@ Every rule that reads a rank from noisy data compares a spectrum with one of the
   with a detached spike's own law (Baik, Ben Arous & Péché 2005), and the ratio of two largest
   eigenvalues;
 * the Jacobi ensemble's edge for canonical correlations (Johnstone 2008);
-* John's sphericity test, which says whether the residuals may be treated as white, and the
-  shrinkage of the residual covariance matched to its largest eigenvalue;
+* John's and the largest root's sphericity tests, which say whether the residuals may be
+  treated as white, and the shrinkage of the residual covariance matched to its largest
+  eigenvalue;
 * Marchenko–Pastur's median and the Gavish–Donoho (2014) optimal hard threshold.
 """
 
@@ -176,7 +177,7 @@ def residuals_look_white(residual, dof, eigenvalues=None):
       law (Nadler 2011), so the test is conservative: 1.5-2.7% of white draws at ``dof``
       20-2000, far fewer with a handful of targets or degrees of freedom.
 
-    White draws leave the white path in 5-6% of cases by John's test alone and 6-7% by
+    White draws leave the white path in 5-6% of cases by John's test alone and 6-7.5% by
     either (4000 draws at ``dof, q`` from ``49, 50`` to ``1979, 60``). Rejecting white noise
     only sends it to the test for correlated noise, which holds its level for any covariance
     at a little power, while keeping correlated noise as white puts the edge too low: John's
