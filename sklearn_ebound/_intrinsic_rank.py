@@ -125,7 +125,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         - ``"threshold"``: a sequential test of each singular value of the fitted values against the
           largest value the noise in them reaches with probability ``1 - significance``
-          (Tracy–Widom edges: Johnstone's for white residuals, John's sphericity test deciding;
+          (Tracy–Widom edges: Johnstone's for white residuals, John's and the largest root's
+          sphericity tests deciding;
           for correlated residuals the larger rank of an edge relative to the residuals' own
           largest eigenvalue, El Karoui's laws, and of the canonical correlations against the
           Jacobi edge). Below 20 residual degrees of freedom the white edge includes the
@@ -227,9 +228,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
         ``significance``. ``low = rank_``; ``high`` counts the leading directions whose
         p-value is below ``P(TW1 > 0)``: they stand above the centre of the noise's edge, as a
-        direction above the detection limit does, without being significant. Where the energy
-        cap of an approximate attention model set the rank (below what the noise test passed),
-        ``(rank_, rank_)``.
+        direction above the detection limit does, without being significant; below 20
+        residual degrees of freedom, above that centre at the smallest noise level the
+        residuals allow at ``significance``. Where the energy cap of an approximate attention
+        model set the rank (below what the noise test passed), ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set
         The smallest population singular value, in the units of ``singular_values_``, that
         this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the

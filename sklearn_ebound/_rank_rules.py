@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from numbers import Integral
 
 import numpy as np
+from scipy import stats
 from sklearn.model_selection import GroupKFold
 
 from ._diagnostics import (
@@ -280,7 +281,8 @@ def threshold_rule(moments, operator, significance):
     are accepted, the next is compared with the edge of the noise left in the remaining
     ``rank(X) - k`` by ``q - k`` dimensions.
 
-    White residuals (John's sphericity test keeps ``sigma^2 I``): the fitted values'
+    White residuals (neither John's nor the largest root's sphericity test rejects
+    ``sigma^2 I``, :func:`residuals_look_white`): the fitted values'
     largest eigenvalue has a Tracy–Widom law around ``sigma^2 (sqrt(rank X) + sqrt(q))^2``
     (Johnstone 2001), an edge widened by the ratio of El Karoui's edge for the shape
     matched to the residuals (:func:`edge_matched_noise_covariance`) to the white one, for
@@ -318,11 +320,14 @@ def threshold_rule(moments, operator, significance):
     limit = detection_limit(noise_variance, k_x, n_targets, moments.n)
     reading = RankReading(0, spectrum, noise_variance=noise_variance, noise_model="gaussian",
                           detection_limit=limit)
-    white = residuals_look_white(operator.residual, dof)
+    white = residuals_look_white(operator.residual, dof,
+                                 operator.residual_covariance_eigh[0])
+    stop = INDISTINCT_LEVEL
     if white:
-        edge, p_value = _white_edge(operator, np.sqrt(noise_variance), k_x, n_targets, level)
+        edge, p_value, stop = _white_edge(operator, np.sqrt(noise_variance), k_x, n_targets,
+                                          level)
     else:
-        edge, p_value = _correlated_edge(operator, k_x, level)
+        edge, p_value, stop = _correlated_edge(operator, k_x, level)
     rank, cut = _sequential_count(s**2, edge)
     if not white:
         whitened = _canonical_rank(moments, level)
@@ -340,7 +345,7 @@ def threshold_rule(moments, operator, significance):
                            p_values=p_values, rank_interval=interval,
                            detection_limit=canonical_detection_limit(k_x, n_targets, moments.dof))
     threshold = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
-    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance, stop)
     return replace(reading, rank=rank, threshold=threshold, p_values=p_values,
                    rank_interval=interval)
 
@@ -394,26 +399,31 @@ def sequential_p_values(values, p_value, rank, significance, stop=INDISTINCT_LEV
 
     The tests run past ``rank`` until a direction's p-value reaches ``stop``: the interval's
     upper end counts the leading directions that stand above the centre of the noise's edge.
+    ``stop`` is that centre's p-value, a number for the Tracy–Widom tests (``P(TW1 > 0)``) or
+    ``stop(k)`` where it depends on the step.
     """
-    p_values = []
+    p_values, stops = [], []
     for k, value in enumerate(values):
         p_values.append(p_value(k, value))
+        stops.append(stop(k) if callable(stop) else stop)
         if (k < rank) != (p_values[-1] <= significance):
             # Near the level an approximate p-value may disagree with the edge: the exact one.
             p_values[-1] = p_value(k, value, exact=True)
-        if k >= rank and p_values[-1] >= stop:
+        if k >= rank and p_values[-1] >= stops[-1]:
             break
     p_values = np.asarray(p_values, dtype=np.float64)
-    return p_values, rank_interval(p_values, rank, stop)
+    return p_values, rank_interval(p_values, rank, np.asarray(stops, dtype=np.float64))
 
 
 def rank_interval(p_values, rank, stop=INDISTINCT_LEVEL):
     """Ranks the sequential tests cannot tell apart: from ``rank`` (the directions significant
     at the level) to the number of leading directions whose p-value is below ``stop``
-    (``P(TW1 > 0)``, about 0.17: they stand above the centre of the noise's edge, where the
-    population value of a direction at the detection limit puts it)."""
+    (``P(TW1 > 0)``, about 0.17, or one per direction: they stand above the centre of the
+    noise's edge, where the population value of a direction at the detection limit puts
+    it)."""
     p_values = np.asarray(p_values)
-    high = int(np.argmax(p_values >= stop)) if np.any(p_values >= stop) else len(p_values)
+    above = p_values >= np.broadcast_to(stop, p_values.shape)
+    high = int(np.argmax(above)) if np.any(above) else len(p_values)
     return int(rank), int(max(rank, high))
 
 
@@ -438,7 +448,8 @@ def canonical_detection_limit(n_inputs, n_outputs, dof):
 
 def _white_edge(operator, sigma, k_x, n_targets, level):
     """Edge ``edge(k)`` of the squared singular values for white residuals of level ``sigma``,
-    and the p-value ``p_value(k, value)`` of a squared singular value at step ``k``."""
+    the p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the
+    p-value of the centre of the step's edge (the stop of :func:`sequential_p_values`)."""
     # Sphericity kept does not make the noise exactly white: mild correlation widens the
     # edge. The shape matched to the largest residual eigenvalue says by how much (1 when
     # white noise of the same level explains it).
@@ -469,7 +480,19 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
                 return float(value <= 0)
             return null_ratio_sf(law, variance, value / unit)
 
-        return edge, p_value
+        # sigma^2 can be as small as sigma_hat^2 / high at the level: the interval's top
+        # counts the directions above the centre of the edge at that noise level, so that a
+        # direction above the detection limit is left out only where sigma_hat came out
+        # implausibly high (the widening, which only raises the centre, is left out too).
+        high = stats.chi2.ppf(level, dof * n_targets) / (dof * n_targets)
+
+        def stop(k):
+            law = numerator(k)
+            if law.sigma <= 0:
+                return INDISTINCT_LEVEL
+            return null_ratio_sf(law, variance, law.mu / (high * widening))
+
+        return edge, p_value, stop
 
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
@@ -481,12 +504,13 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
             return float(value <= 0)
         return tracy_widom_p_value((value / unit - mu) / scale, exact)
 
-    return edge, p_value
+    return edge, p_value, INDISTINCT_LEVEL
 
 
 def _correlated_edge(operator, k_x, level):
-    """Edge ``edge(k)`` of the squared singular values relative to the residuals', and the
-    p-value ``p_value(k, value)`` of a squared singular value at step ``k``."""
+    """Edge ``edge(k)`` of the squared singular values relative to the residuals', the
+    p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the stop of
+    :func:`sequential_p_values` (see :func:`_white_edge`)."""
     dof = operator.residual_dof
     values, vectors = edge_matched_noise_covariance(operator.residual, dof,
                                                     operator.residual_covariance_eigh)
@@ -522,7 +546,18 @@ def _correlated_edge(operator, k_x, level):
             return float(value <= 0)
         return null_ratio_sf(fitted_law, residual_law, value / observed)
 
-    return edge, p_value
+    if dof >= _MIN_DIAGNOSTIC_DOF:
+        return edge, p_value, INDISTINCT_LEVEL
+
+    def stop(k):
+        # Few residual degrees of freedom: the centre of the fitted values' edge at the
+        # smallest noise scale the observed residual eigenvalue allows at the level.
+        observed, fitted_law, residual_law = step(k)
+        if observed <= 0 or residual_law.mean <= 0:
+            return INDISTINCT_LEVEL
+        return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
+
+    return edge, p_value, stop
 
 
 def _canonical_rank(moments, level):

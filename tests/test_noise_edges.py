@@ -284,3 +284,37 @@ def test_a_larger_significance_never_reads_a_smaller_rank(seed, correlation, n):
     ranks = [IntrinsicRankEstimator(significance=level).fit(X, Y).rank_
              for level in (1e-5, 1e-3, 0.05, 0.3)]
     assert ranks == sorted(ranks), ranks
+
+
+def test_sphericity_keeps_white_noise_and_rejects_a_noise_spike():
+    # Two tests: John's (spread correlation) and the largest root's (one strong direction).
+    # White noise leaves the white path at about their union's nominal 7.5% at most; a single
+    # noise spike that John's test keeps as white in a fifth of the draws is caught by the
+    # largest root in nearly all of them.
+    rng = np.random.default_rng(0)
+    draws = 300
+
+    def john_keeps(residual, dof):
+        q = residual.shape[0]
+        unit = residual / np.trace(residual)
+        return (dof * (q * np.sum(unit * unit) - 1) - q - 1) / 2 <= 1.6449
+
+    for dof, q in [(49, 60), (100, 60), (300, 20)]:
+        kept = 0
+        for _ in range(draws):
+            Z = rng.standard_normal((dof, q))
+            kept += residuals_look_white(Z.T @ Z, dof)
+        rate = 1 - kept / draws
+        assert rate <= 0.075 + 2 * np.sqrt(0.075 * 0.925 / draws), (dof, q, rate)
+    scale = np.ones(60)
+    scale[0] = np.sqrt(3.0)  # a noise variance of 3 along one target, 1 elsewhere
+    john = both = 0
+    for _ in range(draws):
+        Z = rng.standard_normal((100, 60)) * scale
+        residual = Z.T @ Z
+        eigenvalues = np.linalg.eigvalsh(residual / 100)
+        john += john_keeps(residual, 100)
+        white = residuals_look_white(residual, 100, eigenvalues)
+        assert white == residuals_look_white(residual, 100)  # the eigenvalues only save work
+        both += white
+    assert john >= 0.12 * draws and both <= john / 2, (john, both)

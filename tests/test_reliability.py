@@ -314,3 +314,30 @@ def test_few_residual_degrees_of_freedom_keep_the_level():
         false_positives += estimator.rank_ > 0
         assert estimator.noise_model_ == "gaussian" and estimator.p_values_[0] > 0
     assert false_positives <= 2
+
+
+def test_few_residual_degrees_of_freedom_interval_holds_the_rank():
+    # N = p + 5 with rank 4 planted at twice the detection limit: the test itself rarely finds
+    # all four (sigma is uncertain to 18% at 4 residual degrees of freedom), so the interval's
+    # top must reach the rank unless sigma-hat came out implausibly high. Its top once stopped
+    # at the ratio law's own p-value of P(TW1 > 0): 0.42 of such draws held the rank.
+    n, p, q, rank = 25, 20, 15, 4
+    held = widths = 0
+    draws = 40
+    for seed in range(draws):
+        rng = np.random.default_rng(100 + seed)
+        X, E = rng.standard_normal((n, p)), rng.standard_normal((n, q))
+        limit = (p * q) ** 0.25 / np.sqrt(n)  # detection_limit_ at the true (unit) noise
+        Xc = X - X.mean(axis=0)
+        U = np.linalg.svd(Xc @ rng.standard_normal((p, rank)), full_matrices=False)[0]
+        V = np.linalg.qr(rng.standard_normal((q, rank)))[0]
+        Y = (U * 2 * limit * np.sqrt(n)) @ V.T + E
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RankEstimationWarning)
+            estimator = IntrinsicRankEstimator().fit(X, Y)
+        low, high = estimator.rank_interval_
+        assert low == estimator.rank_ <= high <= min(p, q)
+        held += low <= rank <= high
+        widths += high - low
+    assert held >= draws - 1, held
+    assert widths / draws < min(p, q) / 2  # still an interval, not every rank
