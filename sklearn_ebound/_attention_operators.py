@@ -270,8 +270,11 @@ class KernelMoments:
         self.n_targets = self.V.shape[0]
         self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
         # Without a mask, linear attention's normal operator needs only each sequence's
-        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n.
+        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n. When
+        # 2 d <= n, T_s is kept beside it (``square_blocks``, block by block), so that a product
+        # takes two GEMMs of N d^3 instead of three, in no more memory than the sequences.
         self.moment_blocks = []
+        self.square_blocks = []
         self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
         self.value_rank = d if self._identity else int(np.linalg.matrix_rank(self.V))
 
@@ -286,6 +289,11 @@ class KernelMoments:
     @property
     def _keeps_moments(self):
         return self.C is None and not self.centred and self.V.shape[1] <= self.n_tokens
+
+    @property
+    def _keeps_squares(self):
+        # S_s and T_s together take 2 d^2 floats a sequence: no more than its n d when 2 d <= n.
+        return self._keeps_moments and 2 * self.V.shape[1] <= self.n_tokens
 
     def _start(self, n_tokens):
         self.n_tokens = n_tokens
@@ -353,22 +361,27 @@ class KernelMoments:
             S = Xcb.transpose(0, 2, 1) @ Xcb / n  # mixing moment of each sequence
         else:
             S = P / n
+        d = S.shape[2]
+        stacked = S.reshape(-1, d)  # [S_1; ...; S_b], and its transpose [S_1 ... S_b]
         if self._keeps_moments:
             self.moment_blocks.append(S)
-        if self.C is None and self._identity:
+        if self.C is None and self._identity and not self._keeps_squares:
             # sum_s S_s S_s = [S_1; ...; S_b]ᵀ [S_1; ...; S_b]: one GEMM, no T_s kept.
-            stacked = S.reshape(-1, S.shape[2])
             self.T_sum += n * (stacked.T @ stacked)
         else:
             T = S @ S if self._identity else S @ VtV @ S
             self.T_sum += n * T.sum(axis=0)
+            if self._keeps_squares:
+                self.square_blocks.append(T)
             if self.C is not None:
                 _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
-        # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
+        # sum_s b_s = sum_s S_s Vᵀ Y_sᵀ X_s = [S_1 ... S_b] [Vᵀ Y_1ᵀ X_1; ...]: one GEMM.
         YtX = Yb.transpose(0, 2, 1) @ Xb
         if factor != 1.0:
             YtX *= factor
-        self.rhs += (S @ (YtX if self._identity else self.V.T @ YtX)).sum(axis=0)
+        if not self._identity:
+            YtX = self.V.T @ YtX
+        self.rhs += stacked.T @ YtX.reshape(-1, d)
         self.P_sum += P.sum(axis=0)
         self.y_energy += factor * float(np.vdot(Yb, Yb))
         self.n_queries += Xb.shape[0] * n
@@ -433,6 +446,7 @@ class KernelMoments:
         self.n_equations += other.n_equations
         self.blocks += other.blocks
         self.moment_blocks += other.moment_blocks
+        self.square_blocks += other.square_blocks
         return self
 
     # --- the dense and compressed solves ------------------------------------------------------
@@ -510,6 +524,8 @@ class KernelMoments:
         step = max(1, _BLOCK_VALUES // (d * d))  # sequences per block of moments
         if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < step:
             self.moment_blocks = _regroup(self.moment_blocks, step, np.concatenate)
+            if self.square_blocks:  # the same sequences per block as the moments
+                self.square_blocks = _regroup(self.square_blocks, step, np.concatenate)
         size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
         if len(self.blocks) > 1 and min(len(X) for X, _, _ in self.blocks) < size:
             self.blocks = _regroup(self.blocks, size, _concatenate_blocks)
@@ -552,7 +568,12 @@ class KernelMoments:
         out = np.zeros_like(D)
         d, n = D.shape[0], self.n_tokens
         VtV = None if self._identity else self.V.T @ self.V
-        for S in self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
+        squares = self.square_blocks
+        for S, T in zip(self.moment_blocks if squares else (), squares, strict=True):
+            # T_s D P_s = n T_s (D S_s) = n [T_1 ... T_b] [D S_1; ...; D S_b] (T_s symmetric):
+            # one batched product and one GEMM.
+            out += n * (T.reshape(-1, d).T @ np.matmul(D, S).reshape(-1, d))
+        for S in () if squares else self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
             # The outer products as two GEMMs over the block ([S_1; ...; S_b] stacked, and its
             # transpose [S_1 ... S_b] since each S_s is symmetric), the middle one batched.
             stacked = S.reshape(-1, d)

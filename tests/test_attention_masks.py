@@ -75,6 +75,45 @@ def test_matrix_free_solve_equals_the_dense_solve(attention, masking):
     np.testing.assert_allclose(free.singular_values, dense.singular_values, rtol=1e-8)
 
 
+@pytest.mark.parametrize("value", ["identity", "random"])
+@pytest.mark.parametrize("n_tokens, squares", [(12, False), (16, True), (40, True)])
+def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, n_tokens,
+                                                                         squares):
+    # Unmasked linear attention keeps the moments S_s when d <= n, and T_s = S_s Vᵀ V S_s
+    # beside them when 2 d <= n (two GEMMs a product instead of three): both products, and the
+    # solves through them, equal the dense normal matrix's. Chunks of 7 and 5 sequences make
+    # several kept blocks, regrouped before the solve.
+    d = 8
+    X, Y, params = make_attention_task("linear", 60, n_tokens, d, rank=2, value=value,
+                                       noise=0.1, random_state=3, return_params=True)
+    dense = KernelMoments(params.V, "linear", solver="dense").update(X, Y)
+    free = KernelMoments(params.V, "linear", solver="cg")
+    for start, stop in [(0, 7), (7, 12), (12, 60)]:
+        free.update(X[start:stop], Y[start:stop])
+    assert free.C is None and not free.blocks and len(free.moment_blocks) == 3
+    assert len(free.square_blocks) == (3 if squares else 0)
+    D = np.random.default_rng(0).standard_normal((d, d))
+    expected = (dense.normal_matrix() @ D.ravel()).reshape(d, d)
+    free._consolidate()
+    assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
+    np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+    np.testing.assert_allclose(free.rhs, dense.rhs, rtol=1e-12, atol=1e-12 * np.abs(
+        dense.rhs).max())
+    np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
+    exact, solved = dense.solve(), free.solve(tol=1e-13)
+    assert (exact.solver, solved.solver) == ("dense", "cg")
+    np.testing.assert_allclose(solved.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
+    np.testing.assert_allclose(solved.singular_values, exact.singular_values, rtol=1e-8)
+    assert solved.rank == exact.rank == 2
+    # Merged statistics keep both lists in step.
+    half = KernelMoments(params.V, "linear", solver="cg").update(X[:30], Y[:30])
+    half.merge(KernelMoments(params.V, "linear", solver="cg").update(X[30:], Y[30:]))
+    np.testing.assert_allclose(half._normal_apply(D), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+
+
 def test_the_solver_is_chosen_by_size():
     X, Y = make_attention_task("linear", 30, 8, 50, rank=2, random_state=0)
     big = KernelMoments(np.eye(50), "linear").update(X, Y)
