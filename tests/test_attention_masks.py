@@ -103,6 +103,8 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
     exact, solved = dense.solve(), free.solve(tol=1e-13)
     assert (exact.solver, solved.solver) == ("dense", "cg")
+    # With T_s kept the products run in float32, refined on float64 residuals to 1e-13.
+    assert (solved.n_single_products > 0) == squares
     np.testing.assert_allclose(solved.kernel, exact.kernel,
                                atol=1e-8 * np.abs(exact.kernel).max())
     np.testing.assert_allclose(solved.singular_values, exact.singular_values, rtol=1e-8)
@@ -112,6 +114,30 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     half.merge(KernelMoments(params.V, "linear", solver="cg").update(X[30:], Y[30:]))
     np.testing.assert_allclose(half._normal_apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
+
+
+def test_float32_products_refined_in_float64_reach_the_float64_solution(monkeypatch):
+    # Noise-free data (the stop relative to the noise never passes before float64
+    # resolution) and the default stop: the refined solve ends at the planted kernel as a
+    # float64 solve would. A float32 product at half the operator (a stand-in for an operator
+    # that float32 cannot resolve: a round overshoots to -R) stalls the refinement, which then
+    # finishes in float64.
+    d, n = 8, 20
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.0, random_state=4, return_params=True)
+    fit = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve()
+    assert fit.n_single_products > 0 and fit.rank == 2
+    np.testing.assert_allclose(fit.kernel, params.W, atol=1e-9 * np.abs(params.W).max())
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.1, random_state=4, return_params=True)
+    exact = KernelMoments(np.eye(d), "linear", solver="dense").update(X, Y).solve()
+    original = KernelMoments._single_apply
+    monkeypatch.setattr(KernelMoments, "_single_apply", lambda self, D: 0.5 * original(self, D))
+    stalled = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve(tol=1e-13)
+    assert 0 < stalled.n_single_products < 50  # handed over after the first stalled round
+    np.testing.assert_allclose(stalled.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
+    np.testing.assert_allclose(stalled.singular_values, exact.singular_values, rtol=1e-8)
 
 
 def test_the_solver_is_chosen_by_size():
