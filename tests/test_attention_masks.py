@@ -98,13 +98,21 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
     np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
+    free._singles = [(S.astype(np.float32), None if T is None else T.astype(np.float32))
+                     for S, T in zip(free.moment_blocks, free.square_blocks or
+                                     [None] * len(free.moment_blocks), strict=True)]
+    single = free._single_apply(D)
+    assert single.dtype == np.float64
+    np.testing.assert_allclose(single, expected, atol=1e-5 * np.abs(expected).max())
+    assert not np.array_equal(single, free._normal_apply(D))  # float32 products indeed
+    free._singles = None
     np.testing.assert_allclose(free.rhs, dense.rhs, rtol=1e-12, atol=1e-12 * np.abs(
         dense.rhs).max())
     np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
     exact, solved = dense.solve(), free.solve(tol=1e-13)
     assert (exact.solver, solved.solver) == ("dense", "cg")
-    # With T_s kept the products run in float32, refined on float64 residuals to 1e-13.
-    assert (solved.n_single_products > 0) == squares
+    # On kept moments the products run in float32, refined on float64 residuals to 1e-13.
+    assert solved.n_single_products > 0
     np.testing.assert_allclose(solved.kernel, exact.kernel,
                                atol=1e-8 * np.abs(exact.kernel).max())
     np.testing.assert_allclose(solved.singular_values, exact.singular_values, rtol=1e-8)
@@ -138,6 +146,26 @@ def test_float32_products_refined_in_float64_reach_the_float64_solution(monkeypa
     np.testing.assert_allclose(stalled.kernel, exact.kernel,
                                atol=1e-8 * np.abs(exact.kernel).max())
     np.testing.assert_allclose(stalled.singular_values, exact.singular_values, rtol=1e-8)
+
+
+def test_padded_chunks_among_unpadded_ones_are_solved_in_float64():
+    # Padded chunks keep their sequences beside the unpadded chunks' moments: the float32
+    # products (over the moments alone) would miss them, so the solve stays in float64.
+    d, n = 8, 20
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.1, random_state=5, return_params=True)
+    lengths = _lengths(40, n, 2)
+    for k, i in enumerate(range(40, 80)):  # the padding tokens' values are ignored
+        X[i, lengths[k]:] = 0.0
+    free, dense = (KernelMoments(np.eye(d), "linear", solver=solver) for solver in ("cg",
+                                                                                    "dense"))
+    for moments in (free, dense):
+        moments.update(X[:40], Y[:40]).update(X[40:], Y[40:], lengths)
+    assert free.moment_blocks and free.blocks
+    solved, exact = free.solve(tol=1e-13), dense.solve()
+    assert solved.n_single_products == 0
+    np.testing.assert_allclose(solved.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
 
 
 def test_the_solver_is_chosen_by_size():
