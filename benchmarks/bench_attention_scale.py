@@ -9,11 +9,16 @@ products and keeps ``O(d^2)`` floats besides the sequences (or their ``d x d`` m
 ``d < n``). The sequences are generated on the fly, chunk by chunk, and fed to ``partial_fit``,
 which solves once, when ``rank_`` is read.
 
-Reported for each configuration (each in a fresh process): seconds of the estimator
-(generation excluded), the peak memory traced while it runs (numpy's allocations, the kept
-sequences included) and the process's maximum resident memory, the rank read, and the ratio of
-its time to the floor measured in the same run: one pass of the per-sequence products
-``X_s^T X_s`` that any estimator of the kernel has to compute.
+Reported for each configuration (each in a fresh process, at one BLAS thread): wall and CPU
+seconds of the estimator (generation excluded), the peak memory traced while it runs (numpy's
+allocations, the kept sequences included) and the process's maximum resident memory, the rank
+read, and the ratio of its time to the floor measured in the same run: one pass of the
+per-sequence products ``X_s^T X_s`` that any estimator of the kernel has to compute. The floor
+is timed twice, chunk by chunk between the estimator's own chunks and again after the solve
+(on fresh chunks of the same shape), so that it shares the machine's load with the
+estimator; the ratio is that of CPU times to the mean of the two floors (CPU time leaves out
+the time other processes take the core), with the range against either floor and the wall
+ratio beside it.
 
 Targets (issue 15): ``d = 384``, ``n = 128``, ``N = 2000``, rank 8: the right rank, peak under
 2 GB, under 10 minutes on two cores; ``d = 768``, ``n = 128``, ``N = 1000``: under 6 GB;
@@ -27,6 +32,7 @@ Targets (issue 15): ``d = 384``, ``n = 128``, ``N = 2000``, rank 8: the right ra
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -36,6 +42,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from sklearn_ebound import IntrinsicRankEstimator
 
@@ -68,36 +75,63 @@ def chunks(n_samples, n_tokens, d, rank, chunk, noise=0.1, seed=0):
         yield X, mixing @ X + noise * rng.standard_normal((m, n_tokens, d))
 
 
+def _floor_pass(X, clocks):
+    """One floor pass ``X_s^T X_s`` over a chunk, added to ``clocks`` (wall, CPU)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    X.transpose(0, 2, 1) @ X
+    clocks[0] += time.perf_counter() - wall
+    clocks[1] += time.process_time() - cpu
+
+
 def run(n_samples, n_tokens, d, rank, chunk, verbose=False):
+    """One configuration at one BLAS thread: the estimator's wall and CPU seconds, and the floor
+    twice, interleaved with the accumulation (chunk by chunk) and again after the solve (on
+    fresh chunks of the same shape), so that both see the machine as the estimator did."""
+    with threadpool_limits(limits=1):
+        return _run(n_samples, n_tokens, d, rank, chunk, verbose)
+
+
+def _run(n_samples, n_tokens, d, rank, chunk, verbose):
     est = IntrinsicRankEstimator("attention", attention="linear", value="identity")
-    t_est = t_floor = 0.0
+    accumulate, during, after = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
     tracemalloc.start()
     for X, Y in chunks(n_samples, n_tokens, d, rank, chunk):
-        start = time.perf_counter()
-        X.transpose(0, 2, 1) @ X
-        t_floor += time.perf_counter() - start
-        start = time.perf_counter()
+        _floor_pass(X, during)
+        wall, cpu = time.perf_counter(), time.process_time()
         est.partial_fit(X, Y)
-        t_est += time.perf_counter() - start
+        accumulate[0] += time.perf_counter() - wall
+        accumulate[1] += time.process_time() - cpu
         chunk_mib = (X.nbytes + Y.nbytes) / MIB
         del X, Y
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         rank_read = int(est.rank_)  # the one solve
-    t_solve = time.perf_counter() - start
-    t_est += t_solve
+    solve = [time.perf_counter() - wall, time.process_time() - cpu]
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
+    rng = np.random.default_rng(1)
+    for start in range(0, n_samples, chunk):
+        _floor_pass(rng.standard_normal((min(chunk, n_samples - start), n_tokens, d)), after)
+    total = [a + s for a, s in zip(accumulate, solve, strict=True)]
+    floor = [(x + y) / 2 for x, y in zip(during, after, strict=True)]
     solver = "dense" if est._statistics.C is not None else "cg"
     if verbose:
-        print(f"  accumulated in {t_est - t_solve:.1f} s, solved in {t_solve:.1f} s", flush=True)
+        print(f"  accumulated in {accumulate[0]:.1f} s (CPU {accumulate[1]:.1f} s), solved in "
+              f"{solve[0]:.1f} s (CPU {solve[1]:.1f} s)", flush=True)
     return {"n_features": d, "n_tokens": n_tokens, "n_samples": n_samples, "rank": rank,
-            "chunk": chunk, "solver": solver, "seconds": t_est, "solve_seconds": t_solve,
-            "floor_seconds": t_floor, "ratio_to_floor": t_est / t_floor,
+            "chunk": chunk, "solver": solver, "seconds": total[0], "solve_seconds": solve[0],
+            "cpu_seconds": total[1], "solve_cpu_seconds": solve[1],
+            "floor_seconds": floor[0], "floor_cpu_seconds": floor[1],
+            "floor_during_cpu_seconds": during[1], "floor_after_cpu_seconds": after[1],
+            "floor_during_seconds": during[0], "floor_after_seconds": after[0],
+            "ratio_to_floor": total[1] / floor[1], "wall_ratio_to_floor": total[0] / floor[0],
+            "ratio_range": [total[1] / max(during[1], after[1]),
+                            total[1] / min(during[1], after[1])],
             "peak_traced_mib": peak / MIB, "chunk_mib": chunk_mib,
             "dense_normal_mib": d**4 * 8 / MIB, "rank_read": rank_read,
-            "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "load_average": os.getloadavg()[0]}
 
 
 def report(r):
@@ -105,11 +139,17 @@ def report(r):
           f"partial_fit in chunks of {r['chunk']}, solver {r['solver']}")
     print(f"  estimator            {r['seconds']:9.2f} s   (solve {r['solve_seconds']:.2f} s)"
           f"   rank_={r['rank_read']}")
-    print(f"  floor X_s^T X_s      {r['floor_seconds']:9.2f} s")
-    print(f"  ratio to floor       {r['ratio_to_floor']:9.1f}")
+    print(f"  estimator CPU        {r['cpu_seconds']:9.2f} s   (solve {r['solve_cpu_seconds']:.2f}"
+          f" s)")
+    print(f"  floor X_s^T X_s CPU  {r['floor_cpu_seconds']:9.2f} s   (during the accumulation "
+          f"{r['floor_during_cpu_seconds']:.2f} s, after the solve "
+          f"{r['floor_after_cpu_seconds']:.2f} s; wall {r['floor_seconds']:.2f} s)")
+    low, high = r["ratio_range"]
+    print(f"  ratio to floor (CPU) {r['ratio_to_floor']:9.1f}   ({low:.1f}-{high:.1f} against "
+          f"either floor; wall {r['wall_ratio_to_floor']:.1f})")
     print(f"  peak traced {r['peak_traced_mib']:.0f} MiB (chunk {r['chunk_mib']:.0f} MiB; dense "
           f"d^2 x d^2 normal matrix {r['dense_normal_mib']:.0f} MiB); max RSS "
-          f"{r['max_rss_mib']:.0f} MiB", flush=True)
+          f"{r['max_rss_mib']:.0f} MiB; load average {r['load_average']:.1f}", flush=True)
 
 
 def suite(chunk):
@@ -125,8 +165,8 @@ def suite(chunk):
         runs.append(r)
     lin = [r for r in runs if r["n_features"] == 128 and r["n_tokens"] == 128]
     lin.sort(key=lambda r: r["n_samples"])
-    per_token = [r["seconds"] / (r["n_samples"] * r["n_tokens"]) * 1e6 for r in lin]
-    print("time per token (microseconds) at d=128, n=128 for N = "
+    per_token = [r["cpu_seconds"] / (r["n_samples"] * r["n_tokens"]) * 1e6 for r in lin]
+    print("CPU time per token (microseconds) at d=128, n=128 for N = "
           + ", ".join(f"{r['n_samples']}: {p:.1f}" for r, p in zip(lin, per_token, strict=True)))
     return runs
 
@@ -166,13 +206,16 @@ def main(argv=None):
 
 def write_docs(runs):
     DOCS.mkdir(parents=True, exist_ok=True)
-    lines = ['"d","n","N","solver","seconds","ratio to floor","peak traced MiB","max RSS MiB",'
+    lines = ['"d","n","N","solver","seconds","CPU seconds","ratio to floor (CPU)",'
+             '"against either floor","wall ratio","peak traced MiB","max RSS MiB",'
              '"dense normal MiB","rank read / planted"']
     for r in runs:
+        low, high = r["ratio_range"]
         lines.append(f'{r["n_features"]},{r["n_tokens"]},{r["n_samples"]},"{r["solver"]}",'
-                     f'{r["seconds"]:.1f},{r["ratio_to_floor"]:.1f},{r["peak_traced_mib"]:.0f},'
-                     f'{r["max_rss_mib"]:.0f},{r["dense_normal_mib"]:.0f},'
-                     f'"{r["rank_read"]} / {r["rank"]}"')
+                     f'{r["seconds"]:.1f},{r["cpu_seconds"]:.1f},{r["ratio_to_floor"]:.1f},'
+                     f'"{low:.1f}-{high:.1f}",{r["wall_ratio_to_floor"]:.1f},'
+                     f'{r["peak_traced_mib"]:.0f},{r["max_rss_mib"]:.0f},'
+                     f'{r["dense_normal_mib"]:.0f},"{r["rank_read"]} / {r["rank"]}"')
     (DOCS / "attention_scale.csv").write_text("\n".join(lines) + "\n")
 
 

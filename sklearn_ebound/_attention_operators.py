@@ -238,7 +238,13 @@ class KernelMoments:
       products (``z_i = A x_i``, then ``S_i z_i``, ``Vᵀ V``, ``S_i`` again and ``sum_i
       (.) x_iᵀ``), ``O(n^2 d + n d^2)`` per sequence with a mask, ``O(n d^2)`` without, and
       preconditioned by the Kronecker product of the means. It keeps the sequences (the data's
-      own ``N n d`` floats) and ``O(d^2)`` besides, so any width runs.
+      own ``N n d`` floats) and ``O(d^2)`` besides, so any width runs. Without a mask, linear
+      attention keeps each sequence's moment ``S_s`` instead when ``d <= n`` (a product: three
+      GEMMs of ``N d^3``), and ``T_s`` beside it when ``2 d <= n`` (two GEMMs, still no more
+      memory than the sequences). On kept moments the conjugate gradients run their products
+      in float32 on float32 copies made for the solve (half the kept moments' memory, about
+      half the time) and test their stops on float64 residuals (iterative refinement), so
+      the solution is that of float64 iterations (see :func:`_refined_conjugate_gradients`).
 
     For softmax the sequences are kept in either case, and the linearised solve is refined by
     Gauss–Newton steps on the softmax model (the same matrix-free products with the fitted
@@ -270,8 +276,11 @@ class KernelMoments:
         self.n_targets = self.V.shape[0]
         self.blocks = []  # kept sequences: (X, Y or None, valid or None), scaled
         # Without a mask, linear attention's normal operator needs only each sequence's
-        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n.
+        # moment S_s (T_s = S_s M S_s, P_s = n S_s): kept instead of X_s when d <= n. When
+        # 2 d <= n, T_s is kept beside it (``square_blocks``, block by block), so that a product
+        # takes two GEMMs of N d^3 instead of three, in no more memory than the sequences.
         self.moment_blocks = []
+        self.square_blocks = []
         self._identity = (self.V.shape[0] == d and np.array_equal(self.V, np.eye(d)))
         self.value_rank = d if self._identity else int(np.linalg.matrix_rank(self.V))
 
@@ -286,6 +295,11 @@ class KernelMoments:
     @property
     def _keeps_moments(self):
         return self.C is None and not self.centred and self.V.shape[1] <= self.n_tokens
+
+    @property
+    def _keeps_squares(self):
+        # S_s and T_s together take 2 d^2 floats a sequence: no more than its n d when 2 d <= n.
+        return self._keeps_moments and 2 * self.V.shape[1] <= self.n_tokens
 
     def _start(self, n_tokens):
         self.n_tokens = n_tokens
@@ -309,6 +323,7 @@ class KernelMoments:
             raise ValueError(f"All sequences must have {self.n_tokens} tokens. Got {X.shape[1]}.")
         lengths = check_lengths(lengths, X.shape[0], X.shape[1])
         VtV = self.V.T @ self.V
+        work = {}  # work arrays of the chunks' statistics, reused from chunk to chunk
         for start in range(0, X.shape[0], _CHUNK):
             Xb, Yb = X[start:start + _CHUNK], Y[start:start + _CHUNK]
             valid = None if lengths is None else valid_tokens(lengths[start:start + _CHUNK],
@@ -320,7 +335,7 @@ class KernelMoments:
                 # Linear attention's moments of a chunk that is not kept: the statistics of the
                 # raw chunk, divided by scale^2 (a power of two, exact), equal those of the
                 # scaled one, without its copy; at this scale none can overflow.
-                self._add_unmasked(Xb, Yb, VtV, 1.0 / self.scale**2)
+                self._add_unmasked(Xb, Yb, VtV, 1.0 / self.scale**2, work)
                 self.n_sequences += len(Xb)
                 continue
             Xb, Yb = Xb / self.scale, Yb / self.scale  # also a copy that the caller cannot alter
@@ -329,7 +344,7 @@ class KernelMoments:
                 # cheaper than through the d x d moments (O(d^3)).
                 self._add_masked(Xb, Yb, np.ones((1, n, n), dtype=bool), VtV)
             elif allowed is None:
-                self._add_unmasked(Xb, Yb, VtV)
+                self._add_unmasked(Xb, Yb, VtV, work=work)
             else:
                 self._add_masked(Xb, Yb, allowed, VtV)
             self.n_sequences += len(Xb)
@@ -337,13 +352,19 @@ class KernelMoments:
                 self.blocks.append((Xb, Yb if self.centred else None, valid))
         return self
 
-    def _add_unmasked(self, Xb, Yb, VtV, factor=1.0):
+    def _add_unmasked(self, Xb, Yb, VtV, factor=1.0, work=None):
         """``factor``: the statistics' second-order scaling (``1 / scale^2`` for a raw chunk of
-        linear attention, whose statistics are all quadratic in the data)."""
-        n = Xb.shape[1]
-        P = Xb.transpose(0, 2, 1) @ Xb  # sum_i x_i x_iᵀ
+        linear attention, whose statistics are all quadratic in the data). ``work``: a dict of
+        work arrays reused from chunk to chunk (fresh temporaries of megabytes each cost the
+        kernel's page faults, as much as the products themselves)."""
+        work = {} if work is None else work
+        b, n, d = Xb.shape
+        kept = self._keeps_moments  # then S_s is kept: P is computed in its memory
+        P = np.matmul(Xb.transpose(0, 2, 1), Xb,  # sum_i x_i x_iᵀ
+                      out=None if kept else _work_array(work, "P", (b, d, d)))
         if factor != 1.0:
             P *= factor
+        self.P_sum += P.sum(axis=0)
         if self.centred:
             # Around uniform weights the output is V x̄ plus a term linear in the centred
             # moment: y_i - V x̄ = V C A x_i.
@@ -351,28 +372,40 @@ class KernelMoments:
             Yb = Yb - means @ self.V.T
             Xcb = Xb - means
             S = Xcb.transpose(0, 2, 1) @ Xcb / n  # mixing moment of each sequence
+        elif kept:
+            S = P
+            S /= n
         else:
-            S = P / n
-        if self._keeps_moments:
+            S = np.divide(P, n, out=_work_array(work, "S", (b, d, d)))
+        stacked = S.reshape(-1, d)  # [S_1; ...; S_b], and its transpose [S_1 ... S_b]
+        if kept:
             self.moment_blocks.append(S)
-        if self.C is None and self._identity:
+        if self.C is None and self._identity and not self._keeps_squares:
             # sum_s S_s S_s = [S_1; ...; S_b]ᵀ [S_1; ...; S_b]: one GEMM, no T_s kept.
-            stacked = S.reshape(-1, S.shape[2])
             self.T_sum += n * (stacked.T @ stacked)
         else:
-            T = S @ S if self._identity else S @ VtV @ S
+            T = None if self._keeps_squares else _work_array(work, "T", (b, d, d))
+            if self._identity:
+                T = np.matmul(S, S, out=T)
+            else:
+                T = np.matmul(np.matmul(S, VtV, out=_work_array(work, "SM", (b, d, d))), S,
+                              out=T)
             self.T_sum += n * T.sum(axis=0)
+            if self._keeps_squares:
+                self.square_blocks.append(T)
             if self.C is not None:
                 _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
-        # b_s = S_s Vᵀ Y_sᵀ X_s, by batched products (an einsum took twice as long).
-        YtX = Yb.transpose(0, 2, 1) @ Xb
+        # sum_s b_s = sum_s S_s Vᵀ Y_sᵀ X_s = [S_1 ... S_b] [Vᵀ Y_1ᵀ X_1; ...]: one GEMM.
+        YtX = np.matmul(Yb.transpose(0, 2, 1), Xb,
+                        out=_work_array(work, "YtX", (b, Yb.shape[2], d)))
         if factor != 1.0:
             YtX *= factor
-        self.rhs += (S @ (YtX if self._identity else self.V.T @ YtX)).sum(axis=0)
-        self.P_sum += P.sum(axis=0)
+        if not self._identity:
+            YtX = np.matmul(self.V.T, YtX, out=_work_array(work, "VtYtX", (b, d, d)))
+        self.rhs += stacked.T @ YtX.reshape(-1, d)
         self.y_energy += factor * float(np.vdot(Yb, Yb))
-        self.n_queries += Xb.shape[0] * n
-        self.n_equations += Xb.shape[0] * n * min(self.value_rank, n - self.centred)
+        self.n_queries += b * n
+        self.n_equations += b * n * min(self.value_rank, n - self.centred)
 
     def _add_masked(self, Xb, Yb, allowed, VtV):
         weights, queries = uniform_weights(allowed)
@@ -433,6 +466,7 @@ class KernelMoments:
         self.n_equations += other.n_equations
         self.blocks += other.blocks
         self.moment_blocks += other.moment_blocks
+        self.square_blocks += other.square_blocks
         return self
 
     # --- the dense and compressed solves ------------------------------------------------------
@@ -507,9 +541,14 @@ class KernelMoments:
         ``_BLOCK_VALUES`` floats of per-block temporaries; done once per solve, a group at a
         time, so that at most one block is held twice."""
         n, d = self.n_tokens, self.rhs.shape[0]
-        step = max(1, _BLOCK_VALUES // (d * d))  # sequences per block of moments
+        # Sequences per block of moments: blocks of half an update chunk already run the
+        # products at full speed, and are left in place (a copy of the kept moments costs
+        # about a product, its fresh memory's page faults included).
+        step = max(1, min(_BLOCK_VALUES // (d * d), _CHUNK // 2))
         if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < step:
             self.moment_blocks = _regroup(self.moment_blocks, step, np.concatenate)
+            if self.square_blocks:  # the same sequences per block as the moments
+                self.square_blocks = _regroup(self.square_blocks, step, np.concatenate)
         size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
         if len(self.blocks) > 1 and min(len(X) for X, _, _ in self.blocks) < size:
             self.blocks = _regroup(self.blocks, size, _concatenate_blocks)
@@ -552,13 +591,23 @@ class KernelMoments:
         out = np.zeros_like(D)
         d, n = D.shape[0], self.n_tokens
         VtV = None if self._identity else self.V.T @ self.V
-        for S in self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
+        work = getattr(self, "_work", None)
+        work = {} if work is None else work  # work arrays reused from block to block
+        squares = self.square_blocks
+        for S, T in zip(self.moment_blocks if squares else (), squares, strict=True):
+            # T_s D P_s = n T_s (D S_s) = n [T_1 ... T_b] [D S_1; ...; D S_b] (T_s symmetric):
+            # one batched product and one GEMM.
+            U = np.matmul(D, S, out=_work_array(work, "U", S.shape))
+            out += n * (T.reshape(-1, d).T @ U.reshape(-1, d))
+        for S in () if squares else self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
             # The outer products as two GEMMs over the block ([S_1; ...; S_b] stacked, and its
             # transpose [S_1 ... S_b] since each S_s is symmetric), the middle one batched.
             stacked = S.reshape(-1, d)
-            R = S @ (stacked @ D.T).reshape(S.shape).transpose(0, 2, 1)  # S_s D S_s
+            U = np.matmul(stacked, D.T, out=_work_array(work, "U", S.shape).reshape(-1, d))
+            R = np.matmul(S, U.reshape(S.shape).transpose(0, 2, 1),
+                          out=_work_array(work, "R", S.shape))  # S_s D S_s
             if VtV is not None:
-                R = VtV @ R
+                R = np.matmul(VtV, R, out=_work_array(work, "U", S.shape))
             out += n * (stacked.T @ R.reshape(-1, d))
         for X, _, weights, queries in self._passes(A):
             R = _apply_moments(X, X @ D.T, weights, self.centred)
@@ -569,6 +618,31 @@ class KernelMoments:
                 R = R * queries
             out += R.reshape(-1, d).T @ X.reshape(-1, d)
         return out
+
+    def _single_apply(self, D):
+        """``G vec(D)`` with float32 products over float32 copies of the kept ``S_s`` (and
+        ``T_s`` where kept; ``_singles``, made for one solve), summed in float64 over the
+        blocks: the products of :meth:`_normal_apply` at about 1e-7 relative error, in about
+        half its time."""
+        out = np.zeros_like(D)
+        d, single = D.shape[0], D.astype(np.float32)
+        work = getattr(self, "_work", None)
+        work = {} if work is None else work
+        VtV = None if self._identity else (self.V.T @ self.V).astype(np.float32)
+        for S, T in self._singles:
+            U = _work_array(work, "U32", S.shape, np.float32)
+            if T is not None:  # n T_s (D S_s)
+                np.matmul(single, S, out=U)
+                out += T.reshape(-1, d).T @ U.reshape(-1, d)
+                continue
+            stacked = S.reshape(-1, d)  # n S_s M (S_s D S_s), as in _normal_apply
+            np.matmul(stacked, single.T, out=U.reshape(-1, d))
+            R = np.matmul(S, U.transpose(0, 2, 1), out=_work_array(work, "R32", S.shape,
+                                                                    np.float32))
+            if VtV is not None:
+                R = np.matmul(VtV, R, out=U)
+            out += stacked.T @ R.reshape(-1, d)
+        return self.n_tokens * out
 
     def _softmax_residuals(self, A):
         """Residual energy of the softmax model at ``A``, its gradient side ``b`` (the
@@ -668,6 +742,9 @@ class KernelMoments:
         else:
             apply = lambda Z: self._normal_apply(Z, A)  # noqa: E731
             T_sum = T_root @ T_root
+        if A is None and getattr(self, "_singles", None):
+            # float32 products (1e-7 relative) are far below the stop's 1e-4 relative error
+            apply = self._single_apply
         # The CG iterate Z underestimates Bᵀ G^{-1} B by the error's squared G-norm rᵀ G^{-1} r,
         # which exceeds rz = rᵀ M r by at most the largest noise ratio: about 1 for linear
         # attention (0.98-1.17 measured: Gaussian, causal, vocabulary tokens), 1.2-3.4 for the
@@ -719,25 +796,39 @@ class KernelMoments:
         ``identified`` (whether the data give at least as many equations, ``n_equations``,
         as the kernel on the tokens' span has entries, ``n_unknowns``; without, the softmax
         fit is not refined and the rank is not read from the normal matrix),
-        ``gauss_newton_steps`` and ``n_products`` (products of the normal operator by a
-        ``d x d`` matrix in the conjugate-gradient solves, dense solves aside).
+        ``gauss_newton_steps``, ``n_products`` (float64 products of the normal operator by a
+        ``d x d`` matrix in the conjugate-gradient solves, dense solves aside) and
+        ``n_single_products`` (float32 ones, of the refined solve on kept moments).
         """
         if self.n_sequences == 0:
             raise ValueError("No sequences were added.")
         d = self.rhs.shape[0]
         N = self.n_queries
-        self._factor = None
-        self._products = 0
+        self._factor = self._singles = None
+        self._work = {}  # work arrays of the products, for this solve
+        self._products = self._single_products = 0
         if self.C is not None and d * d <= dense_limit:
             A, solver = self._dense_solve(), "dense"
         elif self.C is not None:
             A, solver = self._solve_iteratively(tol=1e-10 if tol is None else tol), "cg"
         else:
             self._consolidate()
-            A, _, self._products = _conjugate_gradients(
-                self._normal_apply, self.rhs, self._preconditioner(self.T_sum),
-                1e-9 if tol is None else tol, 1000,
-                enough=None if tol is not None else self._enough)
+            tol_cg, enough = (1e-9, self._enough) if tol is None else (tol, None)
+            precondition = self._preconditioner(self.T_sum)
+            if self.moment_blocks and not self.blocks:
+                # float32 copies of the moments for this solve only (half their float64 size);
+                # not with kept sequences beside them (padded chunks among unpadded ones)
+                squares = self.square_blocks or [None] * len(self.moment_blocks)
+                self._singles = [(S.astype(np.float32), None if T is None else
+                                  T.astype(np.float32))
+                                 for S, T in zip(self.moment_blocks, squares, strict=True)]
+                A, _, self._products, singles = _refined_conjugate_gradients(
+                    self._normal_apply, self._single_apply, self.rhs, precondition, tol_cg,
+                    1000, enough=enough)
+                self._single_products = singles
+            else:
+                A, _, self._products = _conjugate_gradients(
+                    self._normal_apply, self.rhs, precondition, tol_cg, 1000, enough=enough)
             solver = "cg"
         products = self._products
         # Only the kernel on the span of the tokens acts (x_iᵀ A x_j, S_i A x_i): tokens of a
@@ -796,8 +887,9 @@ class KernelMoments:
             while rank < d and len(local) < 6 and passes(rank):
                 rank += 1
         kernel = A.T
+        # Not kept (nor pickled) beyond the solve.
+        self._factor = self._weights_cache = self._singles = self._work = None
         # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
-        self._factor = self._weights_cache = None  # not kept (nor pickled) beyond the solve
         return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
                      rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
                      noise_variance=noise_variance,
@@ -805,6 +897,7 @@ class KernelMoments:
                      linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
                      identified=identified, n_equations=int(self.n_equations),
                      n_unknowns=k * k, gauss_newton_steps=steps, n_products=int(products),
+                     n_single_products=int(self._single_products),
                      exact=identified and (not self.centred or (refined and converged)))
 
 
@@ -828,10 +921,10 @@ def _regroup(blocks, size, concatenate):
         group.append(block)
         count += len(block[0]) if isinstance(block, tuple) else len(block)
         if count >= size:
-            merged.append(concatenate(group))
+            merged.append(group[0] if len(group) == 1 else concatenate(group))
             group, count = [], 0
     if group:
-        merged.append(concatenate(group))
+        merged.append(group[0] if len(group) == 1 else concatenate(group))
     return merged
 
 
@@ -848,18 +941,22 @@ def _concatenate_blocks(group):
     return X, Y, valid
 
 
-def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
+def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None, zero_start=False):
     """Preconditioned conjugate gradients on ``apply(A) = b`` (matrices); the solution, whether
     the relative residual reached ``tol`` and the number of products ``apply`` taken.
     ``enough(A, rz)``, if given, also stops the iterations (``rz = rᵀ P^{-1} r``, about the
-    error's squared ``G``-norm)."""
-    A = precondition(b)
-    R = b - apply(A)
+    error's squared ``G``-norm). The iterations start from ``P b`` (one product for its
+    residual), or from zero if ``zero_start``."""
+    if zero_start:
+        A, R, products = np.zeros_like(b), b.copy(), 0
+    else:
+        A = precondition(b)
+        R = b - apply(A)
+        products = 1
     Z = precondition(R)
     D = Z.copy()
     rz = np.sum(R * Z)
     b_norm = np.linalg.norm(b)
-    products = 1
     for _ in range(max_iter):
         if np.linalg.norm(R) <= tol * b_norm or rz <= 0:
             return A, True, products
@@ -878,6 +975,50 @@ def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None):
         D = Z + (rz_new / rz) * D
         rz = rz_new
     return A, bool(np.linalg.norm(R) <= tol * b_norm), products
+
+
+def _refined_conjugate_gradients(apply, apply_single, b, precondition, tol, max_iter,
+                                 enough=None):
+    """Conjugate gradients with products in float32 and residuals in float64 (iterative
+    refinement): each round solves ``G C = R`` for the float64 residual ``R = b - G A`` by
+    :func:`_conjugate_gradients` through ``apply_single`` (float32 products, about 1e-7
+    relative error, half the time of float64 ones) to the float32 resolution, ``A += C``, and
+    computes the next residual in float64 (one ``apply``). The stops (``tol`` on the relative
+    residual, ``enough``) are tested on that float64 residual, so they mean what they mean for
+    :func:`_conjugate_gradients`; a round that does not reduce the residual tenfold (float32
+    too coarse for the operator) hands over to float64 iterations. Returns the solution,
+    whether ``tol`` was reached, and the products in float64 and in float32."""
+    A, R = np.zeros_like(b), b.copy()
+    b_norm = np.linalg.norm(b)
+    doubles = singles = 0
+    previous = np.inf  # the residual's norm before the last round
+    while singles < max_iter:
+        r_norm = np.linalg.norm(R)
+        rz = np.sum(R * precondition(R))
+        if r_norm <= tol * b_norm or rz <= 0 or (enough is not None and enough(A, rz)):
+            return A, True, doubles, singles
+        if r_norm > 0.1 * previous:
+            break  # float32 does not resolve this operator: finish in float64
+        previous = r_norm
+
+        def inner_enough(C, rz, A=A):
+            return enough is not None and enough(A + C, rz)
+
+        C, _, used = _conjugate_gradients(
+            apply_single, R, precondition, max(tol * b_norm / r_norm, 1e-5), max_iter - singles,
+            enough=inner_enough, zero_start=True)
+        singles += used
+        A = A + C
+        R = b - apply(A)
+        doubles += 1
+
+    def rest_enough(C, rz):
+        return enough is not None and enough(A + C, rz)
+
+    r_norm = max(np.linalg.norm(R), np.finfo(float).tiny)
+    C, reached, used = _conjugate_gradients(apply, R, precondition, tol * b_norm / r_norm,
+                                            max_iter, enough=rest_enough)
+    return A + C, reached, doubles + used, singles
 
 
 def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None):
@@ -901,6 +1042,16 @@ def _accumulate_outer(C, A, B):
                         c=C.T, trans_b=1, overwrite_c=1)
     if not np.shares_memory(result, C):  # BLAS could not work in place: copy back
         C[...] = result.T
+
+
+def _work_array(work, key, shape, dtype=np.float64):
+    """A work array of ``shape`` from the dict ``work``, reused while its leading dimension
+    suffices (a view of its first rows), replaced otherwise."""
+    array = work.get(key)
+    if array is None or array.dtype != dtype or array.shape[1:] != shape[1:] or (
+            array.shape[0] < shape[0]):
+        array = work[key] = np.empty(shape, dtype=dtype)
+    return array[:shape[0]]
 
 
 def _sqrtm_psd(M):

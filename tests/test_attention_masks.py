@@ -75,6 +75,99 @@ def test_matrix_free_solve_equals_the_dense_solve(attention, masking):
     np.testing.assert_allclose(free.singular_values, dense.singular_values, rtol=1e-8)
 
 
+@pytest.mark.parametrize("value", ["identity", "random"])
+@pytest.mark.parametrize("n_tokens, squares", [(12, False), (16, True), (40, True)])
+def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, n_tokens,
+                                                                         squares):
+    # Unmasked linear attention keeps the moments S_s when d <= n, and T_s = S_s Vᵀ V S_s
+    # beside them when 2 d <= n (two GEMMs a product instead of three): both products, and the
+    # solves through them, equal the dense normal matrix's. Chunks of 7 and 5 sequences make
+    # several kept blocks, regrouped before the solve.
+    d = 8
+    X, Y, params = make_attention_task("linear", 60, n_tokens, d, rank=2, value=value,
+                                       noise=0.1, random_state=3, return_params=True)
+    dense = KernelMoments(params.V, "linear", solver="dense").update(X, Y)
+    free = KernelMoments(params.V, "linear", solver="cg")
+    for start, stop in [(0, 7), (7, 12), (12, 60)]:
+        free.update(X[start:stop], Y[start:stop])
+    assert free.C is None and not free.blocks and len(free.moment_blocks) == 3
+    assert len(free.square_blocks) == (3 if squares else 0)
+    D = np.random.default_rng(0).standard_normal((d, d))
+    expected = (dense.normal_matrix() @ D.ravel()).reshape(d, d)
+    free._consolidate()
+    assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
+    np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+    free._singles = [(S.astype(np.float32), None if T is None else T.astype(np.float32))
+                     for S, T in zip(free.moment_blocks, free.square_blocks or
+                                     [None] * len(free.moment_blocks), strict=True)]
+    single = free._single_apply(D)
+    assert single.dtype == np.float64
+    np.testing.assert_allclose(single, expected, atol=1e-5 * np.abs(expected).max())
+    assert not np.array_equal(single, free._normal_apply(D))  # float32 products indeed
+    free._singles = None
+    np.testing.assert_allclose(free.rhs, dense.rhs, rtol=1e-12, atol=1e-12 * np.abs(
+        dense.rhs).max())
+    np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
+    exact, solved = dense.solve(), free.solve(tol=1e-13)
+    assert (exact.solver, solved.solver) == ("dense", "cg")
+    # On kept moments the products run in float32, refined on float64 residuals to 1e-13.
+    assert solved.n_single_products > 0
+    np.testing.assert_allclose(solved.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
+    np.testing.assert_allclose(solved.singular_values, exact.singular_values, rtol=1e-8)
+    assert solved.rank == exact.rank == 2
+    # Merged statistics keep both lists in step.
+    half = KernelMoments(params.V, "linear", solver="cg").update(X[:30], Y[:30])
+    half.merge(KernelMoments(params.V, "linear", solver="cg").update(X[30:], Y[30:]))
+    np.testing.assert_allclose(half._normal_apply(D), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+
+
+def test_float32_products_refined_in_float64_reach_the_float64_solution(monkeypatch):
+    # Noise-free data (the stop relative to the noise never passes before float64
+    # resolution) and the default stop: the refined solve ends at the planted kernel as a
+    # float64 solve would. A float32 product at half the operator (a stand-in for an operator
+    # that float32 cannot resolve: a round overshoots to -R) stalls the refinement, which then
+    # finishes in float64.
+    d, n = 8, 20
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.0, random_state=4, return_params=True)
+    fit = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve()
+    assert fit.n_single_products > 0 and fit.rank == 2
+    np.testing.assert_allclose(fit.kernel, params.W, atol=1e-9 * np.abs(params.W).max())
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.1, random_state=4, return_params=True)
+    exact = KernelMoments(np.eye(d), "linear", solver="dense").update(X, Y).solve()
+    original = KernelMoments._single_apply
+    monkeypatch.setattr(KernelMoments, "_single_apply", lambda self, D: 0.5 * original(self, D))
+    stalled = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve(tol=1e-13)
+    assert 0 < stalled.n_single_products < 50  # handed over after the first stalled round
+    np.testing.assert_allclose(stalled.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
+    np.testing.assert_allclose(stalled.singular_values, exact.singular_values, rtol=1e-8)
+
+
+def test_padded_chunks_among_unpadded_ones_are_solved_in_float64():
+    # Padded chunks keep their sequences beside the unpadded chunks' moments: the float32
+    # products (over the moments alone) would miss them, so the solve stays in float64.
+    d, n = 8, 20
+    X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
+                                       noise=0.1, random_state=5, return_params=True)
+    lengths = _lengths(40, n, 2)
+    for k, i in enumerate(range(40, 80)):  # the padding tokens' values are ignored
+        X[i, lengths[k]:] = 0.0
+    free, dense = (KernelMoments(np.eye(d), "linear", solver=solver) for solver in ("cg",
+                                                                                    "dense"))
+    for moments in (free, dense):
+        moments.update(X[:40], Y[:40]).update(X[40:], Y[40:], lengths)
+    assert free.moment_blocks and free.blocks
+    solved, exact = free.solve(tol=1e-13), dense.solve()
+    assert solved.n_single_products == 0
+    np.testing.assert_allclose(solved.kernel, exact.kernel,
+                               atol=1e-8 * np.abs(exact.kernel).max())
+
+
 def test_the_solver_is_chosen_by_size():
     X, Y = make_attention_task("linear", 30, 8, 50, rank=2, random_state=0)
     big = KernelMoments(np.eye(50), "linear").update(X, Y)

@@ -263,6 +263,11 @@ def test_attention_scale_quick(load, tmp_path, monkeypatch):
     out = tmp_path / "attention.json"
     r = bench.main(["--quick", "--output", str(out), "--write-docs"])
     assert r["rank_read"] == r["rank"] == 2
+    # CPU and wall time, the floor timed during the accumulation and after the solve.
+    assert r["cpu_seconds"] > 0 and r["floor_during_cpu_seconds"] > 0
+    assert r["floor_after_cpu_seconds"] > 0
+    low, high = r["ratio_range"]
+    assert low <= r["ratio_to_floor"] <= high
     assert json.loads(out.read_text())["runs"][0]["n_features"] == 8
     assert (tmp_path / "docs" / "attention_scale.csv").is_file()
 
