@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+from scipy.linalg import lapack
 
 __all__ = [
     "DIAGNOSTIC_LEVEL",
@@ -124,23 +125,28 @@ class ResidualRows:
 
     Attributes
     ----------
+    projections : ndarray of shape (n_rows, n_projections)
+        The residuals' projections on the leading eigenvectors of their cross-products.
+    inputs : ndarray of shape (n_rows, n_inputs)
+        The inputs of the variance test: the inputs centred at the moments' means, in the
+        units of the data (their leading principal components, standardised, where they are
+        too many for the rows).
+    input_scale : ndarray of shape (n_inputs,)
+        The factors that standardise ``inputs`` (to unit variance over every row the moments
+        saw): the variance test reads ``inputs * input_scale``.
+    groups : ndarray of shape (n_rows,) of int, or None
+        Group codes ``0 .. n_groups - 1``, where groups are known.
     basis : ndarray of shape (n_rows, rank_x)
         Orthonormal columns spanning the centred inputs: ``Q`` with fitted values ``Q Qᵀ Y``.
     leverage : ndarray of shape (n_rows,)
         Diagonal of the hat matrix, ``||Q_i||^2``.
-    projections : ndarray of shape (n_rows, n_projections)
-        The residuals' projections on the leading eigenvectors of their cross-products.
-    inputs : ndarray of shape (n_rows, n_inputs)
-        The centred inputs, standardised (their leading principal components where they are
-        too many for the rows).
-    groups : ndarray of shape (n_rows,) of int, or None
-        Group codes ``0 .. n_groups - 1``, where groups are known.
     residual : ndarray of shape (n_rows, n_targets) or None
         The residual rows themselves (``with_residual=True``).
     """
 
     projections: np.ndarray
     inputs: np.ndarray
+    input_scale: np.ndarray
     groups: np.ndarray | None = None
     basis: np.ndarray | None = None
     leverage: np.ndarray | None = None
@@ -156,34 +162,42 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
 
     ``X`` and ``Y`` are in the units of the data; ``moments`` divided them by its scales.
     ``groups`` are codes per row or ``None``. For the diagnostics only the residuals' leading
-    projections are computed (``n (p + q) k`` operations for ``k`` projections); the basis,
-    the leverages and the residuals themselves (for resampling) with ``with_residual``.
+    projections and the variance test's inputs are computed (``n (p + q) k`` operations for
+    ``k`` projections); the basis, the leverages and the residuals themselves (for
+    resampling) with ``with_residual``.
     """
     directions = _leading_directions(operator)
     coef = operator.coef @ directions
-    sd = np.sqrt(np.clip(np.diag(moments.xx), 0, None) / max(moments.dof, 1))
-    basis = leverage = residual = None
-    if with_residual or not np.all(sd > 0):
-        Xc = X / moments.scale_x - moments.mean_x
-        fitted = coef.T @ Xc.T
-        keep = sd > 0
-        z = Xc * (1 / sd) if keep.all() else Xc[:, keep] / sd[keep]
-        if with_residual:
-            basis = Xc @ operator.input_basis
-            leverage = np.einsum("ij,ij->i", basis, basis)
-            residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
-                operator.input_basis.T @ moments.xy)
-    else:
-        # The standardised inputs Xc / sd in one pass over the rows; Xc B V = z (sd B V).
-        z = X * (1 / (moments.scale_x * sd))
-        z -= moments.mean_x / sd
-        fitted = (coef * sd[:, None]).T @ z.T
+    sd = np.sqrt(np.maximum(np.diagonal(moments.xx), 0) / max(moments.dof, 1))
+    keep = sd > 0
+    # The inputs centred at the moments' means in the units of the data, w = s_x Xc, in one
+    # pass over the rows: Xc B V = w (B V / s_x), and the standardised inputs are w / (s_x sd).
+    centre = moments.scale_x * moments.mean_x
+    if keep.all():
+        w = X - centre
+        unit = 1 / (moments.scale_x * sd)
+    else:  # constant inputs (their rows of B are zero) are left out
+        w = X[:, keep] - centre[keep]
+        coef = coef[keep]
+        unit = 1 / (moments.scale_x * sd[keep])
+    fitted = (coef / moments.scale_x).T @ w.T
     # Vᵀ Ycᵀ - (B V)ᵀ Xcᵀ without a centred copy of Y, one row per projection (so that the
     # tests reduce along contiguous rows): Vᵀ Yᵀ / s_y - Vᵀ mean_y - (B V)ᵀ Xcᵀ.
-    projections = ((directions.T / moments.scale_y) @ Y.T
-                   - (moments.mean_y @ directions)[:, None] - fitted)
-    return ResidualRows(projections.T, _test_inputs(z, sd, moments), groups, basis, leverage,
-                        residual)
+    projections = (directions.T / moments.scale_y) @ Y.T
+    projections -= fitted
+    projections -= (moments.mean_y @ directions)[:, None]
+    components = _test_components(X.shape[0], sd, moments)
+    if components is not None:  # the leading principal components, standardised
+        w = w @ (unit[:, None] * components)
+        unit = np.ones(w.shape[1])
+    basis = leverage = residual = None
+    if with_residual:
+        Xc = X / moments.scale_x - moments.mean_x
+        basis = Xc @ operator.input_basis
+        leverage = np.einsum("ij,ij->i", basis, basis)
+        residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
+            operator.input_basis.T @ moments.xy)
+    return ResidualRows(projections.T, w, unit, groups, basis, leverage, residual)
 
 
 def _leading_directions(operator):
@@ -196,20 +210,20 @@ def _leading_directions(operator):
     return operator.residual_covariance_eigh[1][:, : -_N_PROJECTIONS - 1: -1]
 
 
-def _test_inputs(z, sd, moments):
-    """Inputs for the variance test from the standardised inputs ``z`` (those of positive
-    ``sd``): all of them where the rows allow 40 per input (a linear and a square term each),
-    else the leading principal components of their correlations."""
-    n = z.shape[0]
+def _test_components(n, sd, moments):
+    """The variance test takes all the inputs of positive ``sd`` where the ``n`` rows allow 40
+    per input (a linear and a square term each): ``None``; else the leading principal
+    components of their correlations, whose directions this returns, each divided by the
+    square root of its eigenvalue."""
+    keep = sd > 0
     room = max(1, (n - 2) // 40)
-    if z.shape[1] > min(room, 2 * _MAX_INPUTS):
-        keep = sd > 0
-        k = min(room, _MAX_INPUTS)
-        corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
-        values, vectors = np.linalg.eigh(corr)
-        top = vectors[:, ::-1][:, :k]
-        z = (z @ top) / np.sqrt(np.clip(values[::-1][:k], 1e-300, None))
-    return z
+    if np.count_nonzero(keep) <= min(room, 2 * _MAX_INPUTS):
+        return None
+    k = min(room, _MAX_INPUTS)
+    corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
+    values, vectors = np.linalg.eigh(corr)
+    top = vectors[:, ::-1][:, :k]
+    return top / np.sqrt(np.clip(values[::-1][:k], 1e-300, None))
 
 
 def _min_p(p_values, n_tests=None):
@@ -219,56 +233,89 @@ def _min_p(p_values, n_tests=None):
     return float(min(1.0, min(p_values) * (n_tests or len(p_values))))
 
 
-def _lm_tests(design, target, total):
-    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on ``design`` and, apart, on
-    its squares, each with an intercept, and their degrees of freedom (two pairs of Python
-    numbers).
+def _chi2_upper(df, x):
+    """``P(chi2_df > x)`` for an integer ``df``, a Python float.
 
-    Each regression is read from one Cholesky factor of the centred Gram matrix of the design
-    bordered by the target's cross-products and ``total``: its last pivot squared is the
-    residual sum of squares of the target on the design, so ``total`` minus it is the explained
-    part (the two factored in one batched call, and no solve).
+    In closed form (Abramowitz & Stegun 26.4.4-26.4.5: a Poisson sum for even ``df``, the
+    normal tail plus such a sum for odd ``df``, every term positive), as scipy's ``chdtrc``
+    costs more for the few values tested here than the arithmetic; through ``chdtrc`` where
+    the sum would be long or its terms underflow.
     """
-    n, k = design.shape
-    squares = np.square(design)
-    sums = np.array([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
-    bordered = np.empty((2, k + 1, k + 1))
-    bordered[:, :k, :k] = design.T @ design, squares.T @ squares
-    # Centred Grams Dᵀ D - n mean meanᵀ; the target is centred, so the means drop from the
-    # cross-products.
-    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
-    bordered[:, :k, k] = bordered[:, k, :k] = target @ design, target @ squares
-    bordered[:, k, k] = total
-    # A ridge of 1e-12 of the designs' traces keeps nearly collinear designs factorable.
-    diagonal = bordered.reshape(2, (k + 1) ** 2)[:, :: k + 2]
-    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
-    try:
-        residual = np.linalg.cholesky(bordered)[:, k, k] ** 2
-        explained, df = (total - residual).tolist(), (k, k)
-    except np.linalg.LinAlgError:  # a singular design, or a target in its span
-        explained, df = [], []
-        for matrix in bordered:
-            gram, cross = matrix[:k, :k], matrix[:k, k]
-            values, vectors = np.linalg.eigh(gram)
-            keep = values > 1e-10 * values[-1]
-            half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
-            explained.append(float(half @ half))
-            df.append(int(np.count_nonzero(keep)))
-    return [n * min(max(e / total, 0.0), 1.0) for e in explained], list(df)
+    if not x > 0:
+        return 1.0 if x <= 0 else float(special.chdtrc(df, x))
+    if df > 60 or x > 1200:
+        return float(special.chdtrc(df, x))
+    half = 0.5 * x
+    if df % 2 == 0:
+        term = total = math.exp(-half)
+        for i in range(1, df // 2):
+            term *= half / i
+            total += term
+    else:
+        total = math.erfc(math.sqrt(half))
+        term = math.exp(-half) * math.sqrt(half / math.pi) * 2.0
+        for i in range(1, (df + 1) // 2):
+            total += term
+            term *= half / (i + 0.5)
+    return min(total, 1.0)
 
 
-def _heteroscedasticity(raw, inputs):
+def _lm_statistic(gram, cross, scale, target_sum, total, n):
+    """``n R^2`` of a centred target (sum ``target_sum`` before centring, centred sum of
+    squares ``total``) regressed with an intercept on a design of ``n`` rows whose columns,
+    each multiplied by ``scale``, have the Gram matrix ``gram`` (unscaled) and the
+    cross-products ``cross`` with the uncentred target (row 0) and with ones (row 1); and the
+    degrees of freedom.
+
+    Read from one Cholesky factor of the centred Gram matrix of the standardised design
+    bordered by the target's centred cross-products and ``total``: its last pivot squared is
+    the residual sum of squares of the target on the design, so ``total`` minus it is the
+    explained part (no solve).
+    """
+    k = gram.shape[0]
+    sums = cross[1]
+    bordered = np.empty((k + 1, k + 1))
+    np.subtract(gram, np.multiply.outer(sums, sums / n), out=bordered[:k, :k])
+    bordered[:k, :k] *= np.multiply.outer(scale, scale)
+    bordered[:k, k] = bordered[k, :k] = (cross[0] - sums * (target_sum / n)) * scale
+    bordered[k, k] = total
+    # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
+    diagonal = bordered.reshape(-1)[:: k + 2]
+    diagonal[:k] += 1e-12 * np.add.reduce(diagonal[:k])
+    factor, info = lapack.dpotrf(bordered.T, lower=1, clean=0)
+    if info == 0:
+        explained, df = total - factor[k, k] ** 2, k
+    else:  # a singular design, or a target in its span
+        values, vectors = np.linalg.eigh(bordered[:k, :k])
+        keep = values > 1e-10 * values[-1]
+        half = (vectors[:, keep].T @ bordered[:k, k]) / np.sqrt(values[keep])
+        explained, df = float(half @ half), int(np.count_nonzero(keep))
+    return n * min(max(explained / total, 0.0), 1.0), df
+
+
+def _heteroscedasticity(raw, inputs, scale):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
-    standardised inputs and, separately, on their squares (Bonferroni over the two).
-    ``raw`` are the projections, one row per projection."""
-    target = np.einsum("ji,ji->i", raw, raw)
-    target -= np.add.reduce(target) / target.size
-    total = float(target @ target)
-    if total <= 0 or inputs.shape[1] == 0:
+    standardised inputs (``inputs * scale``) and, separately, on their squares (Bonferroni
+    over the two). ``raw`` are the projections, one row per projection."""
+    n, k = inputs.shape
+    if k == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    statistic, df = _lm_tests(inputs, target, total)
-    p_values = np.where(np.asarray(df) > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
-    return {"statistic": max(statistic), "df": sum(df), "p_value": _min_p(p_values)}
+    # The target and ones, one row each: their products with a design are its cross-products
+    # with the target and its column sums, in one product.
+    target = np.empty((2, n))
+    np.einsum("ji,ji->i", raw, raw, out=target[0])
+    target[1] = 1.0
+    square_sum, target_sum = (target @ target[0]).tolist()
+    total = square_sum - target_sum * (target_sum / n)
+    # The target's spread is lost to rounding where its centring cancels all of it.
+    if not total > 64 * np.finfo(float).eps * square_sum:
+        return {"statistic": 0.0, "df": 0, "p_value": 1.0}
+    squares = np.square(inputs)
+    tests = [_lm_statistic(design.T @ design, target @ design, factor, target_sum, total, n)
+             for design, factor in ((inputs, scale), (squares, scale * scale))]
+    p_values = [_chi2_upper(df, statistic) if df > 0 else 1.0 for statistic, df in tests]
+    return {"statistic": max(s for s, _ in tests), "df": sum(df for _, df in tests),
+            "p_value": _min_p(p_values)}
 
 
 def _lagged_sums(both, k):
@@ -303,7 +350,7 @@ def _serial_dependence(lags, products, scales, second):
     # The scales are sums of products of squares: zero only where every product is.
     statistic = [sum(x * x / y for x, y in zip(row, scale, strict=True) if y > 0)
                  for row, scale in zip(products, scales, strict=True)]
-    p_values = special.chdtrc(lags, statistic)
+    p_values = [_chi2_upper(lags, s) for s in statistic]
     lag_one = [row[0] / (total if total > 0 else 1.0)
                for row, total in zip(products, second, strict=True)]
     return {"statistic": max(statistic), "lags": lags,
@@ -392,7 +439,7 @@ def diagnose_residuals(rows, serial=True):
     np.subtract(raw, np.add.reduce(raw, axis=1, keepdims=True) / raw.shape[1], out=centred)
     np.multiply(centred, centred, out=square)
     lags, products, scales, second, fourth = _lagged_sums(both, k)
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(raw, rows.inputs)
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(raw, rows.inputs, rows.input_scale)
     if serial:
         diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
     if rows.groups is not None:

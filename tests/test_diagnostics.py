@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scipy import special
 from sklearn.model_selection import GroupKFold
 
 from sklearn_ebound import IntrinsicRankEstimator, rank_path_scores
@@ -15,6 +16,7 @@ from sklearn_ebound._diagnostics import (
     DIAGNOSTIC_LEVEL,
     DIAGNOSTIC_ROWS,
     RowSample,
+    _chi2_upper,
     diagnose_residuals,
     failed_assumptions,
     residual_rows,
@@ -92,6 +94,15 @@ def test_diagnostic_p_values_are_probabilities_and_the_rule_is_their_level(task)
     failed = failed_assumptions(diagnostics)
     assert failed == tuple(name for name in tested
                            if diagnostics[name]["p_value"] <= DIAGNOSTIC_LEVEL / 4)
+
+
+@pytest.mark.parametrize("df", [1, 2, 5, 10, 19, 20, 59, 60, 61, 100])
+def test_chi_square_tail_in_closed_form_is_scipys(df):
+    # Where the closed form is taken (and where it hands over to scipy), from p near one to
+    # p far below any level.
+    for x in np.r_[0.0, np.logspace(-4, 3.3, 120)]:
+        np.testing.assert_allclose(_chi2_upper(df, float(x)), special.chdtrc(df, x),
+                                   rtol=1e-12, atol=0)
 
 
 def _null_rows(kind, seed, n=1500, p=10, q=30):
