@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
-from scipy.linalg import lapack
+from scipy.linalg import blas, lapack
 
 __all__ = [
     "DIAGNOSTIC_LEVEL",
@@ -260,37 +260,47 @@ def _chi2_upper(df, x):
     return min(total, 1.0)
 
 
-def _lm_statistic(gram, cross, scale, target_sum, total, n):
-    """``n R^2`` of a centred target (sum ``target_sum`` before centring, centred sum of
-    squares ``total``) regressed with an intercept on a design of ``n`` rows whose columns,
-    each multiplied by ``scale``, have the Gram matrix ``gram`` (unscaled) and the
-    cross-products ``cross`` with the uncentred target (row 0) and with ones (row 1); and the
-    degrees of freedom.
+def _lm_statistics(designs, scales, target, target_sum, total):
+    """``n R^2`` of the centred ``target`` (row 0 of ``target``, uncentred, sum
+    ``target_sum``, centred sum of squares ``total``; row 1 is ones) regressed with an
+    intercept on each design (of ``n`` rows, its columns multiplied by the row of ``scales``
+    taken as they are), and the degrees of freedom: two lists.
 
-    Read from one Cholesky factor of the centred Gram matrix of the standardised design
-    bordered by the target's centred cross-products and ``total``: its last pivot squared is
-    the residual sum of squares of the target on the design, so ``total`` minus it is the
-    explained part (no solve).
+    Each regression is read from one Cholesky factor of the centred Gram matrix of the
+    standardised design bordered by the target's centred cross-products and ``total``: its
+    last pivot squared is the residual sum of squares of the target on the design, so
+    ``total`` minus it is the explained part (no solve). The two are bordered, centred,
+    scaled and ridged together.
     """
-    k = gram.shape[0]
-    sums = cross[1]
-    bordered = np.empty((k + 1, k + 1))
-    np.subtract(gram, np.multiply.outer(sums, sums / n), out=bordered[:k, :k])
-    bordered[:k, :k] *= np.multiply.outer(scale, scale)
-    bordered[:k, k] = bordered[k, :k] = (cross[0] - sums * (target_sum / n)) * scale
-    bordered[k, k] = total
+    n, k = designs[0].shape
+    bordered = np.empty((2, k + 1, k + 1))
+    cross = np.empty((2, 2, k))  # per design: its products with the target, its column sums
+    for i, design in enumerate(designs):
+        # A general product (numpy takes the symmetric rank-k update for Dᵀ D, which costs
+        # more at this shape); Cholesky reads the lower triangle.
+        bordered[i, :k, :k] = blas.dgemm(1.0, design.T, design.T, trans_b=1)
+        np.matmul(target, design, out=cross[i])
+    sums = cross[:, 1]
+    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
+    bordered[:, :k, :k] *= scales[:, :, None] * scales[:, None, :]
+    bordered[:, :k, k] = bordered[:, k, :k] = (cross[:, 0] - sums * (target_sum / n)) * scales
+    bordered[:, k, k] = total
     # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
-    diagonal = bordered.reshape(-1)[:: k + 2]
-    diagonal[:k] += 1e-12 * np.add.reduce(diagonal[:k])
-    factor, info = lapack.dpotrf(bordered.T, lower=1, clean=0)
-    if info == 0:
-        explained, df = total - factor[k, k] ** 2, k
-    else:  # a singular design, or a target in its span
-        values, vectors = np.linalg.eigh(bordered[:k, :k])
-        keep = values > 1e-10 * values[-1]
-        half = (vectors[:, keep].T @ bordered[:k, k]) / np.sqrt(values[keep])
-        explained, df = float(half @ half), int(np.count_nonzero(keep))
-    return n * min(max(explained / total, 0.0), 1.0), df
+    diagonal = bordered.reshape(2, -1)[:, :: k + 2]
+    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
+    statistics, dfs = [], []
+    for matrix in bordered:
+        factor, info = lapack.dpotrf(matrix.T, lower=1, clean=0)
+        if info == 0:
+            explained, df = total - factor[k, k] ** 2, k
+        else:  # a singular design, or a target in its span
+            values, vectors = np.linalg.eigh(matrix[:k, :k])
+            keep = values > 1e-10 * values[-1]
+            half = (vectors[:, keep].T @ matrix[:k, k]) / np.sqrt(values[keep])
+            explained, df = float(half @ half), int(np.count_nonzero(keep))
+        statistics.append(n * min(max(explained / total, 0.0), 1.0))
+        dfs.append(df)
+    return statistics, dfs
 
 
 def _heteroscedasticity(raw, inputs, scale):
@@ -310,12 +320,14 @@ def _heteroscedasticity(raw, inputs, scale):
     # The target's spread is lost to rounding where its centring cancels all of it.
     if not total > 64 * np.finfo(float).eps * square_sum:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    squares = np.square(inputs)
-    tests = [_lm_statistic(design.T @ design, target @ design, factor, target_sum, total, n)
-             for design, factor in ((inputs, scale), (squares, scale * scale))]
-    p_values = [_chi2_upper(df, statistic) if df > 0 else 1.0 for statistic, df in tests]
-    return {"statistic": max(s for s, _ in tests), "df": sum(df for _, df in tests),
-            "p_value": _min_p(p_values)}
+    scales = np.empty((2, k))
+    scales[0] = scale
+    np.square(scale, out=scales[1])
+    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), scales, target, target_sum,
+                                     total)
+    p_values = [_chi2_upper(df, s) if df > 0 else 1.0 for s, df in zip(statistics, dfs,
+                                                                          strict=True)]
+    return {"statistic": max(statistics), "df": sum(dfs), "p_value": _min_p(p_values)}
 
 
 def _lagged_sums(both, k):
