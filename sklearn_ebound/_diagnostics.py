@@ -19,6 +19,7 @@ Gaussian data switch away from the Tracy–Widom calibration with probability at
 ``DIAGNOSTIC_LEVEL`` (1e-5). Pure functions of the residual rows: nothing here sets state.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -303,17 +304,22 @@ def _lm_statistics(designs, scales, target, target_sum, total):
     return statistics, dfs
 
 
-def _heteroscedasticity(raw, inputs, scale):
+def _heteroscedasticity(both, means, inputs, scale):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
     standardised inputs (``inputs * scale``) and, separately, on their squares (Bonferroni
-    over the two). ``raw`` are the projections, one row per projection."""
+    over the two).
+
+    ``both`` holds the centred projections ``c``, then their squares, one row each, and
+    ``means`` the projections' means ``m``: the squared norms ``||c + m||^2`` are
+    ``sum_j c_j^2 + 2 m . c`` plus a constant, which the intercept absorbs (one product).
+    """
     n, k = inputs.shape
     if k == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
     # The target and ones, one row each: their products with a design are its cross-products
     # with the target and its column sums, in one product.
     target = np.empty((2, n))
-    np.einsum("ji,ji->i", raw, raw, out=target[0])
+    np.matmul(np.array([2.0 * m for m in means] + [1.0] * len(means)), both, out=target[0])
     target[1] = 1.0
     square_sum, target_sum = (target @ target[0]).tolist()
     total = square_sum - target_sum * (target_sum / n)
@@ -389,10 +395,10 @@ def _group_dependence(centred, second, groups):
     return {"statistic": float(f.max()), "n_groups": n_groups, "p_value": _min_p(p_values)}
 
 
-def _kurtosis_z(b2, n):
-    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
-    of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
-    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
+@functools.lru_cache(maxsize=8)
+def _kurtosis_constants(n):
+    """The constants of :func:`_kurtosis_z` for ``n`` values (the diagnostics read a fixed
+    number of rows)."""
     mean = 3.0 * (n - 1) / (n + 1)
     variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
     root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
@@ -400,6 +406,14 @@ def _kurtosis_z(b2, n):
     a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + math.sqrt(1 + 4.0 / root_beta**2))
     slope = math.sqrt(2 / (a - 4.0)) / math.sqrt(variance)
     centre, unit = 1 - 2 / (9.0 * a), math.sqrt(2 / (9.0 * a))
+    return mean, slope, centre, unit, a
+
+
+def _kurtosis_z(b2, n):
+    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
+    of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
+    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
+    mean, slope, centre, unit, a = _kurtosis_constants(n)
     z = []
     for value in b2:
         denominator = 1 + (value - mean) * slope
@@ -443,22 +457,26 @@ def diagnose_residuals(rows, serial=True):
         return diagnostics
     # One row per projection, so that every test reduces along contiguous rows; the centred
     # projections and their squares in one array (the serial test reads both at once).
-    raw = np.ascontiguousarray(rows.projections.T)
-    if not raw.any():
-        return diagnostics
-    both = np.empty((2 * k, raw.shape[1]))
+    raw = rows.projections.T
+    n = raw.shape[1]
+    both = np.empty((2 * k, n))
     centred, square = both[:k], both[k:]
-    np.subtract(raw, np.add.reduce(raw, axis=1, keepdims=True) / raw.shape[1], out=centred)
+    means = np.add.reduce(raw, axis=1) / n
+    np.subtract(raw, means[:, None], out=centred)
     np.multiply(centred, centred, out=square)
     lags, products, scales, second, fourth = _lagged_sums(both, k)
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(raw, rows.inputs, rows.input_scale)
+    means = means.tolist()
+    if not (any(second) or any(means)):  # no residual in these directions
+        return diagnostics
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(both, means, rows.inputs,
+                                                            rows.input_scale)
     if serial:
         diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
     if rows.groups is not None:
         groups = _group_dependence(centred, second, rows.groups)
         if groups is not None:
             diagnostics["group_dependence"] = groups
-    diagnostics["heavy_tails"] = _heavy_tails(raw.shape[1], second, fourth)
+    diagnostics["heavy_tails"] = _heavy_tails(n, second, fourth)
     return diagnostics
 
 
