@@ -129,12 +129,9 @@ class ResidualRows:
     projections : ndarray of shape (n_rows, n_projections)
         The residuals' projections on the leading eigenvectors of their cross-products.
     inputs : ndarray of shape (n_rows, n_inputs)
-        The inputs of the variance test: the inputs centred at the moments' means, in the
-        units of the data (their leading principal components, standardised, where they are
-        too many for the rows).
-    input_scale : ndarray of shape (n_inputs,)
-        The factors that standardise ``inputs`` (to unit variance over every row the moments
-        saw): the variance test reads ``inputs * input_scale``.
+        The inputs of the variance test: the inputs centred at the moments' means and
+        standardised (to unit variance over every row the moments saw; their leading
+        principal components where they are too many for the rows).
     groups : ndarray of shape (n_rows,) of int, or None
         Group codes ``0 .. n_groups - 1``, where groups are known.
     basis : ndarray of shape (n_rows, rank_x)
@@ -147,7 +144,6 @@ class ResidualRows:
 
     projections: np.ndarray
     inputs: np.ndarray
-    input_scale: np.ndarray
     groups: np.ndarray | None = None
     basis: np.ndarray | None = None
     leverage: np.ndarray | None = None
@@ -188,9 +184,10 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
     projections -= fitted
     projections -= (moments.mean_y @ directions)[:, None]
     components = _test_components(X.shape[0], sd, moments)
-    if components is not None:  # the leading principal components, standardised
+    if components is None:
+        w *= unit  # w is ours: standardised in place
+    else:  # the leading principal components, standardised
         w = w @ (unit[:, None] * components)
-        unit = np.ones(w.shape[1])
     basis = leverage = residual = None
     if with_residual:
         Xc = X / moments.scale_x - moments.mean_x
@@ -198,7 +195,7 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
         leverage = np.einsum("ij,ij->i", basis, basis)
         residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
             operator.input_basis.T @ moments.xy)
-    return ResidualRows(projections.T, w, unit, groups, basis, leverage, residual)
+    return ResidualRows(projections.T, w, groups, basis, leverage, residual)
 
 
 def _leading_directions(operator):
@@ -261,52 +258,43 @@ def _chi2_upper(df, x):
     return min(total, 1.0)
 
 
-def _lm_statistics(designs, scales, target, target_sum, total):
-    """``n R^2`` of the centred ``target`` (row 0 of ``target``, uncentred, sum
-    ``target_sum``, centred sum of squares ``total``; row 1 is ones) regressed with an
-    intercept on each design (of ``n`` rows, its columns multiplied by the row of ``scales``
-    taken as they are), and the degrees of freedom: two lists.
+def _lm_statistics(designs, target, target_sum, total):
+    """``n R^2`` of the centred target (row 0 of ``target``, uncentred, sum ``target_sum``,
+    centred sum of squares ``total``; row 1 is ones) regressed with an intercept on each of
+    the standardised ``designs`` of ``n`` rows, and the degrees of freedom: two lists.
 
-    Each regression is read from one Cholesky factor of the centred Gram matrix of the
-    standardised design bordered by the target's centred cross-products and ``total``: its
-    last pivot squared is the residual sum of squares of the target on the design, so
-    ``total`` minus it is the explained part (no solve). The two are bordered, centred,
-    scaled and ridged together.
+    The explained sum of squares is ``c^T G^-1 c``, ``G`` the centred Gram matrix of the
+    design (one product, the outer product of its column sums its start) and ``c`` its
+    centred cross-products with the target: one Cholesky factor and one triangular solve.
     """
-    n, k = designs[0].shape
-    bordered = np.empty((2, k + 1, k + 1))
-    cross = np.empty((2, 2, k))  # per design: its products with the target, its column sums
-    for i, design in enumerate(designs):
-        # A general product (numpy takes the symmetric rank-k update for Dᵀ D, which costs
-        # more at this shape); Cholesky reads the lower triangle.
-        bordered[i, :k, :k] = blas.dgemm(1.0, design.T, design.T, trans_b=1)
-        np.matmul(target, design, out=cross[i])
-    sums = cross[:, 1]
-    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
-    bordered[:, :k, :k] *= scales[:, :, None] * scales[:, None, :]
-    bordered[:, :k, k] = bordered[:, k, :k] = (cross[:, 0] - sums * (target_sum / n)) * scales
-    bordered[:, k, k] = total
-    # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
-    diagonal = bordered.reshape(2, -1)[:, :: k + 2]
-    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
+    n = designs[0].shape[0]
     statistics, dfs = [], []
-    for matrix in bordered:
-        factor, info = lapack.dpotrf(matrix.T, lower=1, clean=0)
+    for design in designs:
+        k = design.shape[1]
+        cross, sums = target @ design
+        cross -= sums * (target_sum / n)
+        gram = blas.dgemm(1.0, design.T, design.T, trans_b=1, beta=1.0,
+                          c=np.multiply.outer(sums, sums / -n), overwrite_c=1)
+        # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
+        diagonal = gram.T.reshape(-1)[:: k + 1]
+        diagonal += 1e-12 * np.add.reduce(diagonal)
+        factor, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=1)
         if info == 0:
-            explained, df = total - factor[k, k] ** 2, k
+            half = lapack.dtrtrs(factor, cross, lower=1)[0]
+            df = k
         else:  # a singular design, or a target in its span
-            values, vectors = np.linalg.eigh(matrix[:k, :k])
+            values, vectors = np.linalg.eigh(design.T @ design - np.multiply.outer(sums, sums / n))
             keep = values > 1e-10 * values[-1]
-            half = (vectors[:, keep].T @ matrix[:k, k]) / np.sqrt(values[keep])
-            explained, df = float(half @ half), int(np.count_nonzero(keep))
-        statistics.append(n * min(max(explained / total, 0.0), 1.0))
+            half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
+            df = int(np.count_nonzero(keep))
+        statistics.append(n * min(max(float(half @ half) / total, 0.0), 1.0))
         dfs.append(df)
     return statistics, dfs
 
 
-def _heteroscedasticity(both, means, inputs, scale):
+def _heteroscedasticity(both, means, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
-    standardised inputs (``inputs * scale``) and, separately, on their squares (Bonferroni
+    standardised inputs and, separately, on their squares (Bonferroni
     over the two).
 
     ``both`` holds the centred projections ``c``, then their squares, one row each, and
@@ -326,11 +314,7 @@ def _heteroscedasticity(both, means, inputs, scale):
     # The target's spread is lost to rounding where its centring cancels all of it.
     if not total > 64 * np.finfo(float).eps * square_sum:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    scales = np.empty((2, k))
-    scales[0] = scale
-    np.square(scale, out=scales[1])
-    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), scales, target, target_sum,
-                                     total)
+    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), target, target_sum, total)
     p_values = [_chi2_upper(df, s) if df > 0 else 1.0 for s, df in zip(statistics, dfs,
                                                                           strict=True)]
     return {"statistic": max(statistics), "df": sum(dfs), "p_value": _min_p(p_values)}
@@ -468,8 +452,7 @@ def diagnose_residuals(rows, serial=True):
     means = means.tolist()
     if not (any(second) or any(means)):  # no residual in these directions
         return diagnostics
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(both, means, rows.inputs,
-                                                            rows.input_scale)
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(both, means, rows.inputs)
     if serial:
         diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
     if rows.groups is not None:
