@@ -183,7 +183,7 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
     projections = (directions.T / moments.scale_y) @ Y.T
     projections -= fitted
     projections -= (moments.mean_y @ directions)[:, None]
-    components = _test_components(X.shape[0], sd, moments)
+    components = _test_components(X.shape[0], w.shape[1], keep, sd, moments)
     if components is None:
         w *= unit  # w is ours: standardised in place
     else:  # the leading principal components, standardised
@@ -208,14 +208,13 @@ def _leading_directions(operator):
     return operator.residual_covariance_eigh[1][:, : -_N_PROJECTIONS - 1: -1]
 
 
-def _test_components(n, sd, moments):
-    """The variance test takes all the inputs of positive ``sd`` where the ``n`` rows allow 40
-    per input (a linear and a square term each): ``None``; else the leading principal
-    components of their correlations, whose directions this returns, each divided by the
-    square root of its eigenvalue."""
-    keep = sd > 0
+def _test_components(n, n_kept, keep, sd, moments):
+    """The variance test takes the ``n_kept`` inputs of positive ``sd`` (``keep``) where the
+    ``n`` rows allow 40 per input (a linear and a square term each): ``None``; else the
+    leading principal components of their correlations, whose directions this returns, each
+    divided by the square root of its eigenvalue."""
     room = max(1, (n - 2) // 40)
-    if np.count_nonzero(keep) <= min(room, 2 * _MAX_INPUTS):
+    if n_kept <= min(room, 2 * _MAX_INPUTS):
         return None
     k = min(room, _MAX_INPUTS)
     corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
