@@ -257,10 +257,10 @@ def _chi2_upper(df, x):
     return min(total, 1.0)
 
 
-def _lm_statistics(designs, target, target_sum, total):
-    """``n R^2`` of the centred target (row 0 of ``target``, uncentred, sum ``target_sum``,
-    centred sum of squares ``total``; row 1 is ones) regressed with an intercept on each of
-    the standardised ``designs`` of ``n`` rows, and the degrees of freedom: two lists.
+def _lm_statistics(designs, target, total):
+    """``n R^2`` of the centred target (row 0 of ``target``, sum of squares ``total``; row 1
+    is ones) regressed with an intercept on each of the standardised ``designs`` of ``n``
+    rows, and the degrees of freedom: two lists.
 
     The explained sum of squares is ``c^T G^-1 c``, ``G`` the centred Gram matrix of the
     design (one product, the outer product of its column sums its start) and ``c`` its
@@ -271,7 +271,6 @@ def _lm_statistics(designs, target, target_sum, total):
     for design in designs:
         k = design.shape[1]
         cross, sums = target @ design
-        cross -= sums * (target_sum / n)
         gram = blas.dgemm(1.0, design.T, design.T, trans_b=1, beta=1.0,
                           c=np.multiply.outer(sums, sums / -n), overwrite_c=1)
         # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
@@ -293,8 +292,7 @@ def _lm_statistics(designs, target, target_sum, total):
 
 def _heteroscedasticity(both, means, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
-    standardised inputs and, separately, on their squares (Bonferroni
-    over the two).
+    standardised inputs and, separately, on their squares (Bonferroni over the two).
 
     ``both`` holds the centred projections ``c``, then their squares, one row each, and
     ``means`` the projections' means ``m``: the squared norms ``||c + m||^2`` are
@@ -303,8 +301,8 @@ def _heteroscedasticity(both, means, inputs):
     n, k = inputs.shape
     if k == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    # The target and ones, one row each: their products with a design are its cross-products
-    # with the target and its column sums, in one product.
+    # The target (centred below) and ones, one row each: their products with a design are
+    # its centred cross-products with the target and its column sums, in one product.
     target = np.empty((2, n))
     np.matmul(np.array([2.0 * m for m in means] + [1.0] * len(means)), both, out=target[0])
     target[1] = 1.0
@@ -313,7 +311,8 @@ def _heteroscedasticity(both, means, inputs):
     # The target's spread is lost to rounding where its centring cancels all of it.
     if not total > 64 * np.finfo(float).eps * square_sum:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), target, target_sum, total)
+    target[0] -= target_sum / n
+    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), target, total)
     p_values = [_chi2_upper(df, s) if df > 0 else 1.0 for s, df in zip(statistics, dfs,
                                                                           strict=True)]
     return {"statistic": max(statistics), "df": sum(dfs), "p_value": _min_p(p_values)}
