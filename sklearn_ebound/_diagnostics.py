@@ -19,11 +19,13 @@ Gaussian data switch away from the Tracy–Widom calibration with probability at
 ``DIAGNOSTIC_LEVEL`` (1e-5). Pure functions of the residual rows: nothing here sets state.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+from scipy.linalg import blas, lapack
 
 __all__ = [
     "DIAGNOSTIC_LEVEL",
@@ -124,17 +126,18 @@ class ResidualRows:
 
     Attributes
     ----------
+    projections : ndarray of shape (n_rows, n_projections)
+        The residuals' projections on the leading eigenvectors of their cross-products.
+    inputs : ndarray of shape (n_rows, n_inputs)
+        The inputs of the variance test: the inputs centred at the moments' means and
+        standardised (to unit variance over every row the moments saw; their leading
+        principal components where they are too many for the rows).
+    groups : ndarray of shape (n_rows,) of int, or None
+        Group codes ``0 .. n_groups - 1``, where groups are known.
     basis : ndarray of shape (n_rows, rank_x)
         Orthonormal columns spanning the centred inputs: ``Q`` with fitted values ``Q Qᵀ Y``.
     leverage : ndarray of shape (n_rows,)
         Diagonal of the hat matrix, ``||Q_i||^2``.
-    projections : ndarray of shape (n_rows, n_projections)
-        The residuals' projections on the leading eigenvectors of their cross-products.
-    inputs : ndarray of shape (n_rows, n_inputs)
-        The centred inputs, standardised (their leading principal components where they are
-        too many for the rows).
-    groups : ndarray of shape (n_rows,) of int, or None
-        Group codes ``0 .. n_groups - 1``, where groups are known.
     residual : ndarray of shape (n_rows, n_targets) or None
         The residual rows themselves (``with_residual=True``).
     """
@@ -156,34 +159,43 @@ def residual_rows(X, Y, moments, operator, groups=None, with_residual=False):
 
     ``X`` and ``Y`` are in the units of the data; ``moments`` divided them by its scales.
     ``groups`` are codes per row or ``None``. For the diagnostics only the residuals' leading
-    projections are computed (``n (p + q) k`` operations for ``k`` projections); the basis,
-    the leverages and the residuals themselves (for resampling) with ``with_residual``.
+    projections and the variance test's inputs are computed (``n (p + q) k`` operations for
+    ``k`` projections); the basis, the leverages and the residuals themselves (for
+    resampling) with ``with_residual``.
     """
     directions = _leading_directions(operator)
     coef = operator.coef @ directions
-    sd = np.sqrt(np.clip(np.diag(moments.xx), 0, None) / max(moments.dof, 1))
-    basis = leverage = residual = None
-    if with_residual or not np.all(sd > 0):
-        Xc = X / moments.scale_x - moments.mean_x
-        fitted = coef.T @ Xc.T
-        keep = sd > 0
-        z = Xc * (1 / sd) if keep.all() else Xc[:, keep] / sd[keep]
-        if with_residual:
-            basis = Xc @ operator.input_basis
-            leverage = np.einsum("ij,ij->i", basis, basis)
-            residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
-                operator.input_basis.T @ moments.xy)
-    else:
-        # The standardised inputs Xc / sd in one pass over the rows; Xc B V = z (sd B V).
-        z = X * (1 / (moments.scale_x * sd))
-        z -= moments.mean_x / sd
-        fitted = (coef * sd[:, None]).T @ z.T
+    sd = np.sqrt(np.maximum(np.diagonal(moments.xx), 0) / max(moments.dof, 1))
+    keep = sd > 0
+    # The inputs centred at the moments' means in the units of the data, w = s_x Xc, in one
+    # pass over the rows: Xc B V = w (B V / s_x), and the standardised inputs are w / (s_x sd).
+    centre = moments.scale_x * moments.mean_x
+    if keep.all():
+        w = X - centre
+        unit = 1 / (moments.scale_x * sd)
+    else:  # constant inputs (their rows of B are zero) are left out
+        w = X[:, keep] - centre[keep]
+        coef = coef[keep]
+        unit = 1 / (moments.scale_x * sd[keep])
+    fitted = (coef / moments.scale_x).T @ w.T
     # Vᵀ Ycᵀ - (B V)ᵀ Xcᵀ without a centred copy of Y, one row per projection (so that the
     # tests reduce along contiguous rows): Vᵀ Yᵀ / s_y - Vᵀ mean_y - (B V)ᵀ Xcᵀ.
-    projections = ((directions.T / moments.scale_y) @ Y.T
-                   - (moments.mean_y @ directions)[:, None] - fitted)
-    return ResidualRows(projections.T, _test_inputs(z, sd, moments), groups, basis, leverage,
-                        residual)
+    projections = (directions.T / moments.scale_y) @ Y.T
+    projections -= fitted
+    projections -= (moments.mean_y @ directions)[:, None]
+    components = _test_components(X.shape[0], w.shape[1], keep, sd, moments)
+    if components is None:
+        w *= unit  # w is ours: standardised in place
+    else:  # the leading principal components, standardised
+        w = w @ (unit[:, None] * components)
+    basis = leverage = residual = None
+    if with_residual:
+        Xc = X / moments.scale_x - moments.mean_x
+        basis = Xc @ operator.input_basis
+        leverage = np.einsum("ij,ij->i", basis, basis)
+        residual = (Y / moments.scale_y - moments.mean_y) - basis @ (
+            operator.input_basis.T @ moments.xy)
+    return ResidualRows(projections.T, w, groups, basis, leverage, residual)
 
 
 def _leading_directions(operator):
@@ -196,20 +208,19 @@ def _leading_directions(operator):
     return operator.residual_covariance_eigh[1][:, : -_N_PROJECTIONS - 1: -1]
 
 
-def _test_inputs(z, sd, moments):
-    """Inputs for the variance test from the standardised inputs ``z`` (those of positive
-    ``sd``): all of them where the rows allow 40 per input (a linear and a square term each),
-    else the leading principal components of their correlations."""
-    n = z.shape[0]
+def _test_components(n, n_kept, keep, sd, moments):
+    """The variance test takes the ``n_kept`` inputs of positive ``sd`` (``keep``) where the
+    ``n`` rows allow 40 per input (a linear and a square term each): ``None``; else the
+    leading principal components of their correlations, whose directions this returns, each
+    divided by the square root of its eigenvalue."""
     room = max(1, (n - 2) // 40)
-    if z.shape[1] > min(room, 2 * _MAX_INPUTS):
-        keep = sd > 0
-        k = min(room, _MAX_INPUTS)
-        corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
-        values, vectors = np.linalg.eigh(corr)
-        top = vectors[:, ::-1][:, :k]
-        z = (z @ top) / np.sqrt(np.clip(values[::-1][:k], 1e-300, None))
-    return z
+    if n_kept <= min(room, 2 * _MAX_INPUTS):
+        return None
+    k = min(room, _MAX_INPUTS)
+    corr = moments.xx[np.ix_(keep, keep)] / np.outer(sd[keep], sd[keep]) / max(moments.dof, 1)
+    values, vectors = np.linalg.eigh(corr)
+    top = vectors[:, ::-1][:, :k]
+    return top / np.sqrt(np.clip(values[::-1][:k], 1e-300, None))
 
 
 def _min_p(p_values, n_tests=None):
@@ -219,56 +230,92 @@ def _min_p(p_values, n_tests=None):
     return float(min(1.0, min(p_values) * (n_tests or len(p_values))))
 
 
-def _lm_tests(design, target, total):
-    """``n R^2`` of ``target`` (centred, sum of squares ``total``) on ``design`` and, apart, on
-    its squares, each with an intercept, and their degrees of freedom (two pairs of Python
-    numbers).
+def _chi2_upper(df, x):
+    """``P(chi2_df > x)`` for an integer ``df``, a Python float.
 
-    Each regression is read from one Cholesky factor of the centred Gram matrix of the design
-    bordered by the target's cross-products and ``total``: its last pivot squared is the
-    residual sum of squares of the target on the design, so ``total`` minus it is the explained
-    part (the two factored in one batched call, and no solve).
+    In closed form (Abramowitz & Stegun 26.4.4-26.4.5: a Poisson sum for even ``df``, the
+    normal tail plus such a sum for odd ``df``, every term positive), as scipy's ``chdtrc``
+    costs more for the few values tested here than the arithmetic; through ``chdtrc`` where
+    the sum would be long or its terms underflow.
     """
-    n, k = design.shape
-    squares = np.square(design)
-    sums = np.array([np.add.reduce(design, axis=0), np.add.reduce(squares, axis=0)])
-    bordered = np.empty((2, k + 1, k + 1))
-    bordered[:, :k, :k] = design.T @ design, squares.T @ squares
-    # Centred Grams Dᵀ D - n mean meanᵀ; the target is centred, so the means drop from the
-    # cross-products.
-    bordered[:, :k, :k] -= sums[:, :, None] * (sums[:, None, :] / n)
-    bordered[:, :k, k] = bordered[:, k, :k] = target @ design, target @ squares
-    bordered[:, k, k] = total
-    # A ridge of 1e-12 of the designs' traces keeps nearly collinear designs factorable.
-    diagonal = bordered.reshape(2, (k + 1) ** 2)[:, :: k + 2]
-    diagonal[:, :k] += 1e-12 * np.add.reduce(diagonal[:, :k], axis=1, keepdims=True)
-    try:
-        residual = np.linalg.cholesky(bordered)[:, k, k] ** 2
-        explained, df = (total - residual).tolist(), (k, k)
-    except np.linalg.LinAlgError:  # a singular design, or a target in its span
-        explained, df = [], []
-        for matrix in bordered:
-            gram, cross = matrix[:k, :k], matrix[:k, k]
-            values, vectors = np.linalg.eigh(gram)
+    if not x > 0:
+        return 1.0 if x <= 0 else float(special.chdtrc(df, x))
+    if df > 60 or x > 1200:
+        return float(special.chdtrc(df, x))
+    half = 0.5 * x
+    if df % 2 == 0:
+        term = total = math.exp(-half)
+        for i in range(1, df // 2):
+            term *= half / i
+            total += term
+    else:
+        total = math.erfc(math.sqrt(half))
+        term = math.exp(-half) * math.sqrt(half / math.pi) * 2.0
+        for i in range(1, (df + 1) // 2):
+            total += term
+            term *= half / (i + 0.5)
+    return min(total, 1.0)
+
+
+def _lm_statistics(designs, target, total):
+    """``n R^2`` of the centred target (row 0 of ``target``, sum of squares ``total``; row 1
+    is ones) regressed with an intercept on each of the standardised ``designs`` of ``n``
+    rows, and the degrees of freedom: two lists.
+
+    The explained sum of squares is ``c^T G^-1 c``, ``G`` the centred Gram matrix of the
+    design (one product, the outer product of its column sums its start) and ``c`` its
+    centred cross-products with the target: one Cholesky factor and one triangular solve.
+    """
+    n = designs[0].shape[0]
+    statistics, dfs = [], []
+    for design in designs:
+        k = design.shape[1]
+        cross, sums = target @ design
+        gram = blas.dgemm(1.0, design.T, design.T, trans_b=1, beta=1.0,
+                          c=np.multiply.outer(sums, sums / -n), overwrite_c=1)
+        # A ridge of 1e-12 of the design's trace keeps nearly collinear designs factorable.
+        diagonal = gram.T.reshape(-1)[:: k + 1]
+        diagonal += 1e-12 * np.add.reduce(diagonal)
+        factor, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=1)
+        if info == 0:
+            half = lapack.dtrtrs(factor, cross, lower=1)[0]
+            df = k
+        else:  # a singular design, or a target in its span
+            values, vectors = np.linalg.eigh(design.T @ design - np.multiply.outer(sums, sums / n))
             keep = values > 1e-10 * values[-1]
             half = (vectors[:, keep].T @ cross) / np.sqrt(values[keep])
-            explained.append(float(half @ half))
-            df.append(int(np.count_nonzero(keep)))
-    return [n * min(max(e / total, 0.0), 1.0) for e in explained], list(df)
+            df = int(np.count_nonzero(keep))
+        statistics.append(n * min(max(float(half @ half) / total, 0.0), 1.0))
+        dfs.append(df)
+    return statistics, dfs
 
 
-def _heteroscedasticity(raw, inputs):
+def _heteroscedasticity(both, means, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
     standardised inputs and, separately, on their squares (Bonferroni over the two).
-    ``raw`` are the projections, one row per projection."""
-    target = np.einsum("ji,ji->i", raw, raw)
-    target -= np.add.reduce(target) / target.size
-    total = float(target @ target)
-    if total <= 0 or inputs.shape[1] == 0:
+
+    ``both`` holds the centred projections ``c``, then their squares, one row each, and
+    ``means`` the projections' means ``m``: the squared norms ``||c + m||^2`` are
+    ``sum_j c_j^2 + 2 m . c`` plus a constant, which the intercept absorbs (one product).
+    """
+    n, k = inputs.shape
+    if k == 0:
         return {"statistic": 0.0, "df": 0, "p_value": 1.0}
-    statistic, df = _lm_tests(inputs, target, total)
-    p_values = np.where(np.asarray(df) > 0, special.chdtrc(np.maximum(df, 1), statistic), 1.0)
-    return {"statistic": max(statistic), "df": sum(df), "p_value": _min_p(p_values)}
+    # The target (centred below) and ones, one row each: their products with a design are
+    # its centred cross-products with the target and its column sums, in one product.
+    target = np.empty((2, n))
+    np.matmul(np.array([2.0 * m for m in means] + [1.0] * len(means)), both, out=target[0])
+    target[1] = 1.0
+    square_sum, target_sum = (target @ target[0]).tolist()
+    total = square_sum - target_sum * (target_sum / n)
+    # The target's spread is lost to rounding where its centring cancels all of it.
+    if not total > 64 * np.finfo(float).eps * square_sum:
+        return {"statistic": 0.0, "df": 0, "p_value": 1.0}
+    target[0] -= target_sum / n
+    statistics, dfs = _lm_statistics((inputs, np.square(inputs)), target, total)
+    p_values = [_chi2_upper(df, s) if df > 0 else 1.0 for s, df in zip(statistics, dfs,
+                                                                          strict=True)]
+    return {"statistic": max(statistics), "df": sum(dfs), "p_value": _min_p(p_values)}
 
 
 def _lagged_sums(both, k):
@@ -303,7 +350,7 @@ def _serial_dependence(lags, products, scales, second):
     # The scales are sums of products of squares: zero only where every product is.
     statistic = [sum(x * x / y for x, y in zip(row, scale, strict=True) if y > 0)
                  for row, scale in zip(products, scales, strict=True)]
-    p_values = special.chdtrc(lags, statistic)
+    p_values = [_chi2_upper(lags, s) for s in statistic]
     lag_one = [row[0] / (total if total > 0 else 1.0)
                for row, total in zip(products, second, strict=True)]
     return {"statistic": max(statistic), "lags": lags,
@@ -330,10 +377,10 @@ def _group_dependence(centred, second, groups):
     return {"statistic": float(f.max()), "n_groups": n_groups, "p_value": _min_p(p_values)}
 
 
-def _kurtosis_z(b2, n):
-    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
-    of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
-    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
+@functools.lru_cache(maxsize=8)
+def _kurtosis_constants(n):
+    """The constants of :func:`_kurtosis_z` for ``n`` values (the diagnostics read a fixed
+    number of rows)."""
     mean = 3.0 * (n - 1) / (n + 1)
     variance = 24.0 * n * (n - 2) * (n - 3) / ((n + 1) ** 2 * (n + 3) * (n + 5))
     root_beta = (6.0 * (n * n - 5 * n + 2) / ((n + 7) * (n + 9))
@@ -341,6 +388,14 @@ def _kurtosis_z(b2, n):
     a = 6.0 + 8.0 / root_beta * (2.0 / root_beta + math.sqrt(1 + 4.0 / root_beta**2))
     slope = math.sqrt(2 / (a - 4.0)) / math.sqrt(variance)
     centre, unit = 1 - 2 / (9.0 * a), math.sqrt(2 / (9.0 * a))
+    return mean, slope, centre, unit, a
+
+
+def _kurtosis_z(b2, n):
+    """Anscombe & Glynn's (1983) normal transform of the sample kurtosis ``b2`` (a sequence)
+    of ``n`` normal values (the transform of scipy's ``kurtosistest``, whose call costs a
+    fifth of a fit here; in scalar arithmetic, for the few projections tested): a list."""
+    mean, slope, centre, unit, a = _kurtosis_constants(n)
     z = []
     for value in b2:
         denominator = 1 + (value - mean) * slope
@@ -384,22 +439,25 @@ def diagnose_residuals(rows, serial=True):
         return diagnostics
     # One row per projection, so that every test reduces along contiguous rows; the centred
     # projections and their squares in one array (the serial test reads both at once).
-    raw = np.ascontiguousarray(rows.projections.T)
-    if not raw.any():
-        return diagnostics
-    both = np.empty((2 * k, raw.shape[1]))
+    raw = rows.projections.T
+    n = raw.shape[1]
+    both = np.empty((2 * k, n))
     centred, square = both[:k], both[k:]
-    np.subtract(raw, np.add.reduce(raw, axis=1, keepdims=True) / raw.shape[1], out=centred)
+    means = np.add.reduce(raw, axis=1) / n
+    np.subtract(raw, means[:, None], out=centred)
     np.multiply(centred, centred, out=square)
     lags, products, scales, second, fourth = _lagged_sums(both, k)
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(raw, rows.inputs)
+    means = means.tolist()
+    if not (any(second) or any(means)):  # no residual in these directions
+        return diagnostics
+    diagnostics["heteroscedasticity"] = _heteroscedasticity(both, means, rows.inputs)
     if serial:
         diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
     if rows.groups is not None:
         groups = _group_dependence(centred, second, rows.groups)
         if groups is not None:
             diagnostics["group_dependence"] = groups
-    diagnostics["heavy_tails"] = _heavy_tails(raw.shape[1], second, fourth)
+    diagnostics["heavy_tails"] = _heavy_tails(n, second, fourth)
     return diagnostics
 
 

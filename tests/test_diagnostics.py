@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scipy import special
 from sklearn.model_selection import GroupKFold
 
 from sklearn_ebound import IntrinsicRankEstimator, rank_path_scores
@@ -15,6 +16,7 @@ from sklearn_ebound._diagnostics import (
     DIAGNOSTIC_LEVEL,
     DIAGNOSTIC_ROWS,
     RowSample,
+    _chi2_upper,
     diagnose_residuals,
     failed_assumptions,
     residual_rows,
@@ -92,6 +94,47 @@ def test_diagnostic_p_values_are_probabilities_and_the_rule_is_their_level(task)
     failed = failed_assumptions(diagnostics)
     assert failed == tuple(name for name in tested
                            if diagnostics[name]["p_value"] <= DIAGNOSTIC_LEVEL / 4)
+
+
+@pytest.mark.parametrize("df", [1, 2, 5, 10, 19, 20, 59, 60, 61, 100])
+def test_chi_square_tail_in_closed_form_is_scipys(df):
+    # Where the closed form is taken (and where it hands over to scipy), from p near one to
+    # p far below any level.
+    for x in np.r_[0.0, np.logspace(-4, 3.3, 120)]:
+        np.testing.assert_allclose(_chi2_upper(df, float(x)), special.chdtrc(df, x),
+                                   rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("constant_input", [False, True])
+def test_variance_test_is_koenkers_n_r_squared(constant_input):
+    # The test's statistic, read from Grams and one Cholesky factor, is n R^2 of the squared
+    # norms of the residuals' leading projections on the standardised inputs, and apart on
+    # their squares, each with an intercept (least squares on the rows, in the data's units,
+    # away from zero mean; a constant input drops out).
+    rng = np.random.default_rng(3)
+    n, p, q = 600, 5, 8
+    X = rng.standard_normal((n, p)) + 40.0
+    if constant_input:
+        X[:, 1] = 3.0
+    noise = rng.standard_normal((n, q)) * (1 + 0.5 * np.abs(X[:, [0]] - 40.0))
+    Y = X @ rng.standard_normal((p, q)) + noise + 7.0
+    moments = Moments.from_arrays(X, Y, scale=True)
+    diagnostics = diagnose_residuals(residual_rows(X, Y, moments, solve_static(moments)))
+    Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
+    E = Yc - Xc @ np.linalg.lstsq(Xc, Yc, rcond=None)[0]
+    leading = np.linalg.eigh(E.T @ E)[1][:, -3:]
+    target = np.sum((E @ leading) ** 2, axis=1)
+    target -= target.mean()
+    Z = Xc[:, Xc.std(axis=0) > 1e-9]
+    statistics = []
+    for design in (Z, Z**2):
+        design = np.column_stack([np.ones(n), design])
+        fitted = design @ np.linalg.lstsq(design, target, rcond=None)[0]
+        statistics.append(n * (fitted @ fitted) / (target @ target))
+    test = diagnostics["heteroscedasticity"]
+    assert test["df"] == 2 * Z.shape[1]
+    np.testing.assert_allclose(test["statistic"], max(statistics), rtol=1e-8)
+    assert test["p_value"] < 1e-6  # the noise grows with the first input
 
 
 def _null_rows(kind, seed, n=1500, p=10, q=30):
