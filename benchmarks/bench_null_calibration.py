@@ -30,10 +30,12 @@ Tracy–Widom path, of a prewhitened or balanced matrix on a resampled one; it i
 the fitted values' units by the ratio of the two top singular values of that noise-only fit
 (both noise edges, so the ratio is the noise's scale in the two units). Per cell:
 the exact-recovery rate (target at least 90%), how often ``rank_interval_`` holds the true rank
-(target at least ``1 - 2a``), its mean width, and the warnings and paths. The section needs
-``detection_limit_``; without it, it says so and is skipped. ``--power-factors 2 3 4 5`` plants
-a spread spectrum instead (the weakest direction still at twice the limit; equal values are
-the hardest case for a sequential test, whose planted values repel each other).
+(target at least ``1 - 2a``), its mean width, the warnings and paths, and the share of draws
+in which an accepted direction was named as carried by a handful of rows
+(``diagnostics_["influential_directions"]``). The section needs ``detection_limit_``; without
+it, it says so and is skipped. ``--power-factors 2 3 4 5`` plants a spread spectrum instead
+(the weakest direction still at twice the limit; equal values are the hardest case for a
+sequential test, whose planted values repel each other).
 
     python benchmarks/bench_null_calibration.py [--reps 400] [--power-reps 200] [--n-jobs 2]
         [--quick] [--significance 1e-3 [1e-2 ...]] [--cells NAME ...] [--power-only]
@@ -153,6 +155,8 @@ def _fit(X, Y, significance):
                        if issubclass(w.category, RankEstimationWarning)})
     interval = getattr(est, "rank_interval_", None)
     limit = getattr(est, "detection_limit_", None)
+    influence = getattr(est, "diagnostics_", None) or {}
+    influence = influence.get("influential_directions")
     # The top singular value of the centred fitted values over sqrt(n), and of the spectrum
     # the estimator read (a resampled path reads a prewhitened or balanced one).
     Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
@@ -163,6 +167,7 @@ def _fit(X, Y, significance):
             "top_read": float(values[0]) if values.size else None,
             "noise_model": getattr(est, "noise_model_", None),
             "interval": None if interval is None else [int(interval[0]), int(interval[1])],
+            "influential": None if influence is None else len(influence["flagged"]),
             "detection_limit": None if limit is None else float(limit)}
 
 
@@ -253,6 +258,8 @@ def power_row(cell, readings, significance, reps, factors=(POWER_FACTOR,) * POWE
            "mean_detection_limit": float(np.mean([r["pilot_limit"] for r in readings])),
            "mean_unit_ratio": float(np.mean([r["unit_ratio"] for r in readings])),
            "warned": float(np.mean([r["warned"] for r in readings])),
+           # Draws where an accepted direction was named as carried by a handful of rows.
+           "influential": float(np.mean([bool(r.get("influential")) for r in readings])),
            "noise_models": _paths(readings)}
     with_interval = [r for r in readings if r["interval"] is not None]
     if with_interval:
@@ -357,7 +364,8 @@ def main(argv=None):
                       f"({'ok' if row['exact_ok'] else 'MISS'}), mean rank "
                       f"{row['mean_rank']:.2f}, coverage {fmt(row['coverage'], '.3f')}, width "
                       f"{fmt(row['mean_width'], '.2f')}, warned {row['warned']:.2f}, "
-                      f"{row['noise_models']}  [{row['seconds']:.0f} s]", flush=True)
+                      f"influential {row['influential']:.2f}, {row['noise_models']}  "
+                      f"[{row['seconds']:.0f} s]", flush=True)
             checkpoint()
     report["complete"] = True
     report["seconds"] = time.perf_counter() - start

@@ -218,7 +218,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         (D'Agostino's kurtosis test) a dict with ``"statistic"`` and ``"p_value"``;
         ``"failed"`` the rejected ones, each at ``level / 4`` (``level`` = 1e-5: clean Gaussian
         data switch with at most that probability); ``"n_rows"`` the rows tested (the first
-        1,024).
+        1,024). Where input-dependent variance or heavy tails failed (not by construction of
+        the rows), ``"influential_directions"`` holds the check of the accepted directions for
+        being carried by a handful of rows that the other rows contradict (outliers that are
+        leverage points): per direction its ``"participation"`` (about how many rows carry
+        it), ``"concentration_p_values"`` and ``"deletion_p_values"``, and ``"flagged"``
+        (indices from 0 of the directions both tests reject at ``significance``), named in a
+        warning.
     p_values_ : ndarray, only where ``noise_model_`` is set
         P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
         are accepted (``rank_`` is the number of leading p-values at most ``significance``).
@@ -226,12 +232,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         ``P(TW1 > 0)`` (about 0.17).
     rank_interval_ : tuple of int, only where ``noise_model_`` is set
         ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
-        ``significance``. ``low = rank_``; ``high`` counts the leading directions whose
-        p-value is below ``P(TW1 > 0)``: they stand above the centre of the noise's edge, as a
-        direction above the detection limit does, without being significant; below 20
-        residual degrees of freedom, above that centre at the smallest noise level the
-        residuals allow at ``significance``. Where the energy cap of an approximate attention
-        model set the rank (below what the noise test passed), ``(rank_, rank_)``.
+        ``significance``. ``low = rank_``, less the accepted directions flagged as carried by
+        a handful of contradicting rows (``diagnostics_["influential_directions"]``: the rank
+        may count outliers that are leverage points, and is left as read); ``high`` counts
+        the leading directions whose p-value is below ``P(TW1 > 0)``: they stand above the
+        centre of the noise's edge, as a direction above the detection limit does, without
+        being significant; below 20 residual degrees of freedom, above that centre at the
+        smallest noise level the residuals allow at ``significance``. Where the energy cap
+        of an approximate attention model set the rank (below what the noise test passed),
+        ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set
         The smallest population singular value, in the units of ``singular_values_``, that
         this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the

@@ -24,6 +24,7 @@ from ._diagnostics import (
     failed_assumptions,
     residual_rows,
 )
+from ._influence import influence_caveat, influential_directions, widened_interval
 from ._least_squares import (
     canonical_correlations,
     input_spectrum,
@@ -583,7 +584,7 @@ def _canonical_rank(moments, level):
 
 
 def resampled_threshold_rule(moments, operator, significance, rows, noise_model, clusters,
-                             rng, weight=1.0, balance=True):
+                             rng, weight=1.0, balance=True, influence=False):
     """The sequential test of :func:`threshold_rule` on the fitted values' spectrum, each
     step's null law resampled (:class:`._resampled_null.ResampledNull`) from the residual
     rows ``rows`` with signs shared within ``clusters``, instead of the Tracy–Widom edges.
@@ -593,16 +594,22 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
     (:meth:`ResampledNull.balance_inputs`; no change for noise that does not depend on the
     inputs): the reading's spectrum is that of the balanced fitted values, in the units of the
     targets. Rows that are only some of those of the moments (``weight`` > 1) estimate the
-    weight from other noise than the fitted values hold, so they are not balanced."""
+    weight from other noise than the fitted values hold, so they are not balanced.
+
+    With ``influence`` the accepted directions are tested for being carried by a handful of
+    rows (:func:`._influence.influential_directions`, at ``significance``): the reading's
+    ``diagnostics`` holds the result under ``"influential_directions"``, its caveats name the
+    flagged directions, and its interval starts below them (the rank is left as read)."""
     n_targets = operator.output_directions.shape[0]
     k_x = max(operator.input_rank, 1)
     level = 1.0 - significance
     null = ResampledNull(rows, clusters, rng, weight=weight,
                          gaussian=noise_model == "group-bootstrap")
-    fitted = operator.input_basis.T @ moments.xy
+    raw = fitted = operator.input_basis.T @ moments.xy
     if balance:
         fitted = null.balance_inputs(fitted)
-    s = np.linalg.svd(fitted, compute_uv=False)[: len(fitted_spectrum(operator))]
+    _, s, Vt = np.linalg.svd(fitted, full_matrices=False)
+    s = s[: len(fitted_spectrum(operator))]
     laws = {}
 
     def law(k):
@@ -618,11 +625,20 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
     if noise_model != "wild-bootstrap" and null.n_clusters < _MIN_CLUSTERS:
         caveats = (f"Only {null.n_clusters} groups or blocks of rows share the resampled "
                    f"signs (fewer than {_MIN_CLUSTERS}): the level of the test is approximate.",)
+    diagnostics = None
+    if influence:
+        # The rows' fitted values along each accepted direction of the matrix the rule read.
+        result = influential_directions(rows.basis, rows.basis @ raw, rows.residual,
+                                        Vt[:rank].T, significance, rng)
+        diagnostics = {"influential_directions": result}
+        interval = widened_interval(interval, rank, result)
+        caveats = (*caveats, influence_caveat(result))
     return RankReading(
         rank, s / np.sqrt(moments.n),
         threshold=float(np.sqrt(cut / moments.n)) if cut is not None else 0.0,
         noise_variance=operator.noise_variance(), noise_model=noise_model,
-        p_values=p_values, rank_interval=interval, caveats=caveats,
+        p_values=p_values, rank_interval=interval, caveats=tuple(filter(None, caveats)),
+        diagnostics=diagnostics,
         detection_limit=detection_limit(_edge_noise_variance(law(0), k_x, n_targets), k_x,
                                         n_targets, moments.n))
 
@@ -636,6 +652,9 @@ def _edge_noise_variance(law, n_inputs, n_targets):
     return max(mean, 0.0) / (np.sqrt(n_inputs) + np.sqrt(n_targets)) ** 2
 
 
+# The failed assumptions that outliers and leverage points cause, and that send the accepted
+# directions to the influence check.
+_OUTLIER_SIGNS = {"heteroscedasticity", "heavy_tails"}
 # Fewer residual degrees of freedom leave the diagnostics' laws unreliable: none are run.
 _MIN_DIAGNOSTIC_DOF = 20
 # The wild cluster bootstrap needs some tens of clusters (Cameron, Gelbach & Miller 2008).
@@ -727,8 +746,14 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
     if rows is None:
         rows = residual_rows(sample.X, sample.Y, moments, operator, groups, with_residual=True)
     clusters = multiplier_clusters(rows.n_rows, noise_model, rows.groups, block)
+    # Heavy tails or input-dependent variance that the rows do not have by construction may
+    # come from outliers and leverage points: the accepted directions are checked for being
+    # carried by a handful of rows (clean data never come here, so they never pay for it).
+    influence = bool(_OUTLIER_SIGNS & (set(failed) - set(expected)))
     reading = resampled_threshold_rule(moments, operator, significance, rows, noise_model,
-                                       clusters, rng, weight=weight, balance=sample.complete)
+                                       clusters, rng, weight=weight, balance=sample.complete,
+                                       influence=influence)
+    diagnostics.update(reading.diagnostics or {})
     if expected:
         diagnostics["expected"] = tuple(name for name in ASSUMPTIONS if name in expected)
     if set(failed) <= set(expected):

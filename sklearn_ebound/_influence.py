@@ -1,0 +1,174 @@
+"""Influential directions: is an accepted direction carried by a handful of rows?
+
+Outliers that are also leverage points (a few rows whose inputs lie far from the others and
+whose targets are shifted) give the least-squares operator a direction of their own: the
+fitted values along it are large on those rows and near zero elsewhere. The resampled test
+of :func:`._rank_rules.resampled_threshold_rule` counts it as signal, since it is as strong as
+one; what tells it apart is how few rows carry it, and that the other rows contradict them.
+
+For an accepted direction ``v_k`` (a right singular vector of the fitted values in the metric
+the rule read, on the target side), the rows' fitted values along it, ``a_i = f_iᵀ v_k``, have
+the participation ratio ``m_k = (sum a_i^2)^2 / sum a_i^4``: about ``n / 3`` for a direction
+spread over ``n`` Gaussian rows, about the number of rows for a direction carried by a few of
+them. Its null law is that of a direction spread over the rows as the inputs spread them:
+the participation ratio of ``Q a`` for ``a`` uniform on the sphere of the inputs' column space
+(``Q`` its orthonormal basis on the rows), which heavy-tailed inputs lower along with that of a
+real direction. A concentrated direction (the lower tail of that law, a normal law of
+``log m`` fitted to ``N_DIRECTIONS`` random directions, below the test's ``significance``) is
+flagged where the rows that carry it also contradict what the other rows predict for them
+(:func:`influential_directions`): a real direction of heavy-tailed inputs is concentrated too,
+but its rows follow the same model as the rest.
+
+Pure functions: nothing here sets state or warns.
+"""
+
+import math
+
+import numpy as np
+from scipy import special
+
+__all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "influence_caveat",
+           "widened_interval"]
+
+# Random directions of the inputs' column space drawn for the null law.
+N_DIRECTIONS = 200
+# Residual degrees of freedom beyond the targets' number for the deletion test to whiten them.
+_MIN_EXTRA_DOF = 10
+
+
+def participation_ratio(values, axis=0):
+    """``(sum a^2)^2 / sum a^4`` along ``axis``: the number of entries ``a`` spreads over."""
+    square = np.square(values)
+    second = np.add.reduce(square, axis=axis)
+    fourth = np.add.reduce(square * square, axis=axis)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(fourth > 0, second**2 / fourth, 0.0)
+
+
+def influential_directions(basis, fitted, residual, directions, significance, rng,
+                           n_directions=N_DIRECTIONS):
+    """Test whether each accepted direction is carried by a handful of rows that the other
+    rows contradict.
+
+    Two tests, each at ``significance``, and a direction is flagged where both reject:
+
+    - *concentration*: the participation ratio of the rows' fitted values along the
+      direction against the null law of a direction spread over the rows as the inputs
+      spread them (the module docstring);
+    - *deletion*: the rows that carry it (the ``ceil(m_k)`` of largest fitted value along it)
+      against what the other rows predict for them. The deleted residuals
+      ``(I - H_SS)^{-1} r_S`` of those rows ``S`` (``H`` the hat matrix, ``r`` the residual
+      rows) have the covariance ``(I - H_SS)^{-1}`` times the noise's ``Sigma`` under the
+      linear model, so ``tr(Sigma^{-1} r_Sᵀ (I - H_SS)^{-1} r_S)``, ``Sigma`` estimated from
+      the other rows' residuals, is about chi-square with ``m q`` degrees of freedom: the
+      mean-shift outlier test of the set ``S`` (Cook & Weisberg 1982), on every target.
+      Heavy-tailed inputs make real directions concentrated, but the rows that carry them
+      follow the same model as the rest: the deletion test tells them from outliers (heavy-
+      tailed noise on those rows can still make it reject: 4 of 100 draws of Student t (2.5
+      dof) inputs and noise named a real direction).
+
+    Parameters
+    ----------
+    basis : ndarray of shape (n_rows, rank_x)
+        The centred inputs' basis on the rows (``Q`` of the fitted values ``Q Qᵀ Y``).
+    fitted, residual : ndarray of shape (n_rows, n_targets)
+        The rows' fitted values and residuals.
+    directions : ndarray of shape (n_targets, n_accepted)
+        The accepted directions, orthonormal columns on the target side.
+    significance : float
+        Level of each test.
+    rng : numpy Generator
+        Draws the random directions of the concentration test's null law.
+    n_directions : int, default=N_DIRECTIONS
+
+    Returns
+    -------
+    result : dict
+        ``"participation"`` (per accepted direction, about how many rows carry it),
+        ``"null_median"`` (that of a direction spread as the inputs spread it),
+        ``"concentration_p_values"`` and ``"deletion_p_values"`` (``1.0`` where the first test
+        did not reject, so the second was not run), ``"flagged"`` (indices from 0 of the
+        accepted directions both tests reject), ``"n_rows"`` and ``"level"``.
+    """
+    n_rows, n_accepted = fitted.shape[0], directions.shape[1]
+    result = {"n_rows": int(n_rows), "level": float(significance), "participation": [],
+              "null_median": None, "concentration_p_values": [], "deletion_p_values": [],
+              "flagged": ()}
+    k_x = basis.shape[1]
+    if n_accepted == 0 or k_x == 0 or n_rows <= k_x + 2:
+        return result
+    values = fitted @ directions
+    observed = participation_ratio(values)
+    null = participation_ratio(basis @ rng.standard_normal((k_x, n_directions)))
+    null = np.log(null[null > 0])
+    centre, spread = float(np.mean(null)), float(np.std(null, ddof=1))
+    with np.errstate(divide="ignore"):
+        z = (np.log(observed) - centre) / spread if spread > 0 else np.zeros_like(observed)
+    concentration = special.ndtr(z)
+    deletion = np.ones(n_accepted)
+    gram_inverse = np.linalg.pinv(basis.T @ basis)
+    for k in np.flatnonzero(concentration <= significance):
+        deletion[k] = _deletion_p_value(basis, gram_inverse, residual, values[:, k],
+                                        observed[k])
+    flagged = (concentration <= significance) & (deletion <= significance)
+    result.update(participation=observed.tolist(), null_median=float(np.exp(np.median(null))),
+                  concentration_p_values=concentration.tolist(),
+                  deletion_p_values=deletion.tolist(),
+                  flagged=tuple(int(k) for k in np.flatnonzero(flagged)))
+    return result
+
+
+def _deletion_p_value(basis, gram_inverse, residual, values, participation):
+    """P-value of the mean-shift outlier test of the ``ceil(participation)`` rows of largest
+    ``|values|`` (:func:`influential_directions`), on every target."""
+    n_rows, k_x = basis.shape
+    n_targets = residual.shape[1]
+    m = min(max(1, math.ceil(participation)), n_rows - k_x - 2)
+    rows = np.argsort(-np.abs(values), kind="stable")[:m]
+    others = np.ones(n_rows, dtype=bool)
+    others[rows] = False
+    dof = n_rows - m - k_x - 1
+    hat = basis[rows] @ gram_inverse @ basis[rows].T
+    rest = residual[others]
+    # The other rows' noise covariance whitens the targets where they estimate it well
+    # (corrected for the bias of its inverse), else their variances scale them.
+    if dof > n_targets + _MIN_EXTRA_DOF:
+        covariance = rest.T @ rest / dof
+        factor = (dof - n_targets - 1) / dof
+    else:
+        covariance = np.diag(np.einsum("ij,ij->j", rest, rest) / max(dof, 1))
+        factor = 1.0
+    try:
+        # (I - H_SS) is positive definite unless the rows alone span an input direction.
+        deleted = np.linalg.solve(np.eye(m) - hat, residual[rows])
+        whitened = np.linalg.solve(covariance, residual[rows].T)
+    except np.linalg.LinAlgError:
+        return 1.0
+    statistic = factor * float(np.einsum("ij,ji->", deleted, whitened))
+    if not np.isfinite(statistic) or statistic < 0:
+        return 1.0
+    return float(special.chdtrc(m * n_targets, statistic))
+
+
+def influence_caveat(result):
+    """The warning naming the flagged directions of ``result`` (``None`` where none is)."""
+    if not result["flagged"]:
+        return None
+    n_rows = result["n_rows"]
+    parts = [f"direction {k + 1} is carried by about "
+             f"{max(1, round(result['participation'][k]))} of {n_rows} rows"
+             for k in result["flagged"]]
+    many = len(parts) > 1
+    text = "; ".join(parts)
+    return (f"{text[0].upper()}{text[1:]} (a direction spread over the rows as the inputs "
+            f"spread them is carried by about {round(result['null_median'])}): outliers or "
+            f"leverage points; the rank may count {'them' if many else 'it'}. rank_interval_ "
+            f"starts below {'them' if many else 'it'} (diagnostics_['influential_directions']).")
+
+
+def widened_interval(interval, rank, result):
+    """``interval`` whose low end excludes the flagged directions of ``result``."""
+    if interval is None or not result["flagged"]:
+        return interval
+    low, high = interval
+    return (max(0, min(low, rank - len(result["flagged"]))), high)

@@ -1,0 +1,126 @@
+"""The influential-direction check: an accepted direction carried by a handful of rows that the
+other rows contradict (outliers that are leverage points) is named, and ``rank_interval_``
+starts below it; clean data never run the check, and real directions of heavy-tailed inputs
+are not flagged."""
+
+import warnings
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sklearn_ebound import IntrinsicRankEstimator
+from sklearn_ebound._influence import influential_directions, participation_ratio
+from sklearn_ebound.datasets import make_static_task
+from sklearn_ebound.exceptions import RankEstimationWarning
+
+SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+CARRIED = "carried by about"
+
+
+def _fit(X, Y):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator = IntrinsicRankEstimator(random_state=0).fit(X, Y)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RankEstimationWarning)]
+    return estimator, messages
+
+
+def _outliers_and_leverage(seed, n=100, p=12, q=8, rank=3, n_bad=10):
+    """Gaussian rank-``rank`` data whose first ``n_bad`` rows get one common shift in ``Y``
+    and one common input row of +-10, drawn after ``Y`` (the reduced-rank-regression
+    simulation with outliers and leverage points)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, p))
+    mean = X @ rng.standard_normal((p, rank)) @ rng.standard_normal((rank, q))
+    E = rng.standard_normal((n, q))
+    sigma = np.linalg.svd(mean, compute_uv=False)[rank - 1] / np.linalg.norm(E)
+    Y = mean + sigma * E
+    Y[:n_bad] += 2.0 * mean.std(axis=0, ddof=1) * rng.choice([-1.0, 1.0], q)
+    X[:n_bad] = 10.0 * rng.choice([-1.0, 1.0], p)
+    return X, Y
+
+
+def test_participation_ratio_counts_the_rows_a_direction_spreads_over():
+    values = np.zeros((50, 2))
+    values[:7, 0] = 3.0
+    values[:, 1] = np.random.default_rng(0).standard_normal(50)
+    ratio = participation_ratio(values)
+    assert ratio[0] == 7
+    assert 5 < ratio[1] < 35  # about n / 3 for Gaussian rows
+
+
+def test_a_direction_of_contradicting_leverage_rows_is_flagged_not_one_of_consistent_rows():
+    rng = np.random.default_rng(1)
+    n, p, q = 300, 6, 5
+    X = rng.standard_normal((n, p))
+    X[:8] = 12.0 * rng.choice([-1.0, 1.0], p)  # eight leverage rows sharing one input
+    coef = rng.standard_normal((p, q))
+    for shift, expect in ((0.0, ()), (8.0, (0,))):
+        Y = X @ coef + rng.standard_normal((n, q))
+        Y[:8] += shift * rng.choice([-1.0, 1.0], q)
+        Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
+        basis = np.linalg.svd(Xc, full_matrices=False)[0]
+        fitted = basis @ (basis.T @ Yc)
+        # The direction the leverage rows' fitted values take, and one spread over the rows.
+        direction = np.linalg.svd(fitted[:8], full_matrices=False)[2][0]
+        result = influential_directions(basis, fitted, Yc - fitted, direction[:, None], 1e-3,
+                                        np.random.default_rng(0))
+        assert result["participation"][0] < result["null_median"] / 2  # concentrated both times
+        assert result["flagged"] == expect
+
+
+def test_outliers_that_are_leverage_points_are_named_and_the_interval_holds_the_rank():
+    flagged = 0
+    for seed in range(6):
+        X, Y = _outliers_and_leverage(seed)
+        estimator, messages = _fit(X, Y)
+        check = estimator.diagnostics_.get("influential_directions")
+        if check is None:  # the diagnostics did not flag these residuals: no check run
+            assert estimator.noise_model_ == "gaussian"
+            continue
+        named = [m for m in messages if CARRIED in m]
+        assert len(named) <= 1  # warned once
+        if check["flagged"]:
+            flagged += 1
+            assert named and "outliers or leverage points" in named[0]
+            low, high = estimator.rank_interval_
+            assert low <= estimator.rank_ - len(check["flagged"])
+            assert low <= 3 <= high
+    assert flagged >= 3
+
+
+@st.composite
+def clean_tasks(draw):
+    p = draw(st.integers(1, 8))
+    q = draw(st.integers(1, 12))
+    n = draw(st.integers(p + 25, 600))
+    return make_static_task(n, p, q, rank=draw(st.integers(0, min(p, q))), noise=1.0,
+                            input_correlation=draw(st.sampled_from([0.0, 0.6])),
+                            random_state=draw(st.integers(0, 2**16)))
+
+
+@SETTINGS
+@given(clean_tasks())
+def test_clean_data_never_run_the_check(task):
+    X, Y = task
+    estimator, messages = _fit(X, Y)
+    assert "influential_directions" not in estimator.diagnostics_
+    assert not any(CARRIED in m for m in messages)
+
+
+@SETTINGS
+@given(st.integers(0, 2**16), st.integers(1, 3))
+def test_real_directions_of_heavy_tailed_inputs_are_not_flagged(seed, rank):
+    # Student t (2.5 dof) inputs and noise, a planted rank well above the noise.
+    rng = np.random.default_rng(seed)
+    n, p, q = 1500, 8, 12
+    X = rng.standard_t(2.5, (n, p))
+    signal = X @ rng.standard_normal((p, rank)) @ rng.standard_normal((rank, q))
+    Y = signal + rng.standard_t(2.5, (n, q))
+    estimator, messages = _fit(X, Y)
+    check = estimator.diagnostics_.get("influential_directions")
+    assert check is not None  # heavy tails flagged, so the check ran
+    assert check["flagged"] == ()
+    assert not any(CARRIED in m for m in messages)
