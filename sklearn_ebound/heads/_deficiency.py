@@ -424,7 +424,9 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     train_weighting : {"tokens", "texts"}, default="tokens"
         The training loss: the output error summed over the calibration tokens relative to
         the outputs' energy, or the mean over calibration texts of each text's relative
-        error (every text weighs alike, however long or typical).
+        error (every text weighs alike, however long or typical). On all-MiniLM-L6-v2 none
+        of ``train_validation``, ``train_penalty`` and ``train_weighting`` lifted the
+        held-out fidelity beyond the texts' spread (:ref:`real_models`).
     max_length : int, default=64
         Tokens per text at most.
     batch_size : int, default=32
