@@ -18,6 +18,9 @@ evaluation), then:
   itself, what rank-``r`` query-key pairs can do on that text at all;
 * the budget-fidelity frontier of four strategies, and the smallest budget whose mean
   cosine stays >= 0.99;
+* the options of the data-aware forms and of the training (``--shrinkage``,
+  ``--train-validation``, ``--train-penalty``, ``--train-weighting``, ``--train-steps``) go
+  to every call, so one run measures one setting end to end;
 * the time of the analysis apart from the trained step, the trained step's own, and their
   ratio to a same-run baseline: one forward pass of the model over the same text.
 
@@ -50,6 +53,14 @@ def main(argv=None):
                              "sentences) or WIDE_CALIBRATION_MODULES (a sample over all)")
     parser.add_argument("--calibration", type=float, default=0.5,
                         help="share of the texts that calibrates (the rest is the evaluation)")
+    parser.add_argument("--shrinkage", type=float, default=0.0,
+                        help="shrinkage of the data-aware metrics towards the weights'")
+    parser.add_argument("--train-validation", type=float, default=None,
+                        help="share of the calibration texts that early-stops the training")
+    parser.add_argument("--train-penalty", type=float, default=0.0,
+                        help="pull of the trained pairs towards the full logits")
+    parser.add_argument("--train-weighting", choices=("tokens", "texts"), default="tokens",
+                        help="training loss over tokens or every text alike")
     parser.add_argument("--value-known", action="store_true",
                         help="also run the value-known data-only estimate (slow at d = 384)")
     parser.add_argument("--oracle", action="store_true",
@@ -94,6 +105,13 @@ def main(argv=None):
     print(f"{len(texts)} calibration+evaluation sentences, {len(held_out)} held-out sentences "
           f"(other modules), torch threads {args.threads}, calibration text {args.modules}, "
           f"calibration share {args.calibration}")
+    # the options of the data-aware forms and of the training, in every call
+    forms = dict(calibration=args.calibration, shrinkage=args.shrinkage)
+    fit = dict(forms, train_steps=args.train_steps, train_validation=args.train_validation,
+               train_penalty=args.train_penalty, train_weighting=args.train_weighting)
+    print(f"shrinkage {args.shrinkage}, train_validation {args.train_validation}, "
+          f"train_penalty {args.train_penalty}, train_weighting {args.train_weighting}, "
+          f"train_steps {args.train_steps}")
 
     start = time.perf_counter()
     with torch.no_grad():
@@ -104,7 +122,7 @@ def main(argv=None):
 
     start, cpu = time.perf_counter(), time.process_time()
     result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("weight", "data"),
-                            calibration=args.calibration)
+                             **forms)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"\nAnalysis of {result.n_layers * result.n_heads} heads at every rank (weight-space "
           f"and data-aware): {result.seconds:.1f} s ({wall:.1f} s wall with loading the "
@@ -117,8 +135,7 @@ def main(argv=None):
     print(summary.format(), flush=True)
 
     train_heads = [int(h) for h in args.train_heads.split(",")]
-    trained = head_deficiency(model, texts, tokenizer=tokenizer, heads=train_heads,
-                              train_steps=args.train_steps, calibration=args.calibration)
+    trained = head_deficiency(model, texts, tokenizer=tokenizer, heads=train_heads, **fit)
     n_heads = trained.n_layers * trained.n_heads
     print(f"\nTrained step on {n_heads} heads (heads {train_heads} of every layer): "
           f"{trained.train_seconds:.1f} s, {trained.n_trained} pairs of {trained.train_steps} "
@@ -161,8 +178,7 @@ def main(argv=None):
     for plan in list(plans.values()) + list(others.values()):
         for row in plan.rows:
             train_at.setdefault((row["layer"], row["head"]), []).append(row["rank"])
-    tuned = head_deficiency(model, texts, tokenizer=tokenizer, train_at=train_at,
-                            train_steps=args.train_steps, calibration=args.calibration)
+    tuned = head_deficiency(model, texts, tokenizer=tokenizer, train_at=train_at, **fit)
     print(f"\nPlanned ranks trained at budgets {TRAINED_BUDGETS} and the other allocations: "
           f"{tuned.n_trained} pairs, {tuned.train_seconds:.1f} s "
           f"({tuned.train_seconds / tuned.n_trained:.2f} s a pair; "
@@ -195,9 +211,9 @@ def main(argv=None):
     if args.oracle:
         oracle_rows = []
         for budget in (0.3, 0.4):
-            bound = head_deficiency(model, held_out, tokenizer=tokenizer, calibration=0.99,
+            bound = head_deficiency(model, held_out, tokenizer=tokenizer,
                                     train_at=plans.get(budget, others[("greedy", budget)]),
-                                    train_steps=args.train_steps)
+                                    **dict(fit, calibration=0.99))
             cos = embedding_fidelity(model, compress_heads(model, bound, plans.get(
                 budget, others[("greedy", budget)]), method="trained"), held_out, tokenizer)
             oracle_rows.append({"budget": budget, "mean_cosine": cos.mean_cosine,

@@ -491,3 +491,87 @@ def test_docstring_examples_run(module):
     module = importlib.import_module(f"sklearn_ebound.heads.{module}")
     failures, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert attempted and not failures
+
+
+def test_shrinkage_moves_the_data_aware_form_to_the_weights(word_tokenizer, bert_result):
+    model, result = bert_result
+    tokenizer = word_tokenizer(60)
+    full = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("weight", "data"),
+                           shrinkage=1.0)
+    # the metric shrunk all the way is the identity: the data-aware form is the weights' SVD
+    np.testing.assert_allclose(full.curves("data"), full.curves("weight"), atol=1e-10)
+    half = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",),
+                           shrinkage=0.5)
+    curves, plain = half.curves("data"), result.curves("data")
+    assert np.all(curves[..., -1] < 1e-12)  # full rank stays exact
+    # the same split: in between the forms differ from both ends
+    assert not np.allclose(curves, plain) and not np.allclose(curves, full.curves("data"))
+
+
+def test_early_stopping_keeps_the_best_validation_iterate(word_tokenizer):
+    from sklearn_ebound.heads._deficiency import _train_head
+    from sklearn_ebound.heads._head_forms import (
+        HeadBatches,
+        HeadForms,
+        augmented_weights,
+        data_metric_roots,
+        layers_of,
+    )
+    from sklearn_ebound.heads._inputs import capture_inputs
+
+    model, tokenizer = tiny("bert"), word_tokenizer(60)
+    _, layers, _ = layers_of(model)
+    wq, wk, wv = augmented_weights(layers[0])
+    batches = {}
+    for name, part in (("fit", TEXTS[:8]), ("val", TEXTS[8:])):
+        seqs, _ = capture_inputs(model, [layers[0]], part, tokenizer, rotary=False,
+                                 max_length=64, batch_size=8, stop_early=True)
+        batches[name] = HeadBatches(seqs[0], None, False, torch.float64)
+    roots = data_metric_roots([batches["fit"]])
+    forms = HeadForms(wq[0], wk[0], False, *roots)
+    d_h, r = wq.shape[2], 2
+
+    def train(steps, **kw):  # returns the error on the validation texts first
+        return _train_head(batches["fit"], batches["val"], wq[0], wk[0], wv[0], forms, r, d_h,
+                           steps, **kw)
+
+    # Early stopping keeps the best validation iterate of the same L-BFGS path, so more
+    # steps never make it worse there; plain training over-fits the 8 texts (on this seed
+    # its validation error at 32 steps exceeds that at 8), which the first line would catch.
+    plain = {steps: train(steps)[0] for steps in (8, 32)}
+    stopped = {steps: train(steps, val=batches["val"])[0] for steps in (8, 32)}
+    assert plain[32] > plain[8]  # the premise
+    assert stopped[32] <= stopped[8] + 1e-12
+    assert all(stopped[s] <= plain[s] + 1e-9 for s in plain)
+    start = train(5, penalty=1e8, roots=roots)
+    # a huge pull towards the full form in the data metric keeps the data-aware start
+    # (the rank-r minimiser of that pull)
+    data_q, data_k = wq[0] @ forms.A_Q[:, :r], wk[0] @ forms.A_K[:, :r]
+    np.testing.assert_allclose(start[2], data_q, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(start[3], data_k, rtol=1e-5, atol=1e-6)
+
+
+def test_regularised_training_options(word_tokenizer, bert_result):
+    model, result = bert_result
+    tokenizer = word_tokenizer(60)
+    plan = plan_ranks(result, budget=0.5, method="data")
+    tuned = head_deficiency(model, TEXTS, tokenizer=tokenizer, train_at=plan, train_steps=4,
+                            train_validation=0.25, train_penalty=0.1)
+    assert tuned.n_calibration == result.n_calibration  # validation texts come out of these
+    assert tuned.train_validation == 0.25 and tuned.train_penalty == 0.1
+    # the metric is still read from every calibration text
+    np.testing.assert_allclose(tuned.curves("data"), result.curves("data"), atol=1e-12)
+    assert np.isfinite(tuned.curves("trained")).sum() == tuned.n_trained > 0
+    # each text weighing alike is another loss: other pairs from the same start
+    texts = head_deficiency(model, TEXTS, tokenizer=tokenizer, train_at=plan, train_steps=4,
+                            train_weighting="texts")
+    plain = head_deficiency(model, TEXTS, tokenizer=tokenizer, train_at=plan, train_steps=4)
+    assert texts.train_weighting == "texts" and set(texts._trained) == set(plain._trained)
+    assert any(not np.allclose(texts._trained[key][0], plain._trained[key][0])
+               for key in plain._trained)
+    for bad, match in (({"shrinkage": 1.5}, "`shrinkage` must be a number in"),
+                       ({"train_weighting": "heads"}, "`train_weighting` must be 'tokens'"),
+                       ({"train_validation": 1.0}, "`train_validation` must be a number in"),
+                       ({"train_penalty": -1.0}, "`train_penalty` must be a non-negative")):
+        with pytest.raises(ValueError, match=match):
+            head_deficiency(model, TEXTS, tokenizer=tokenizer, **bad)

@@ -154,6 +154,27 @@ def metric_root(M):
     return E * np.sqrt(np.clip(w, 0.0, None))
 
 
+def data_metric_roots(parts, shrinkage=0.0):
+    """Roots ``L_Q, L_K`` of the data-aware metrics of a layer, from its calibration batches.
+
+    ``M_Q`` is the second moment of the augmented tokens, ``M_K`` that of the tokens centred
+    within each sequence (softmax ignores what is constant along a row); each is shrunk
+    towards the identity on the scale of its mean eigenvalue, ``(1 - shrinkage) M +
+    shrinkage tr(M) / (d + 1) I``, so that directions the calibration text rarely uses keep
+    a weight (``shrinkage = 1``: the weights' metric up to a factor).
+    """
+    tokens = np.concatenate([b.tokens() for b in parts])
+    centred = np.concatenate([
+        g["X"][i][g["valid"][i]].numpy() - g["X"][i][g["valid"][i]].numpy().mean(0)
+        for b in parts for g in b.groups for i in range(g["X"].shape[0])])
+    roots = []
+    for m in (tokens.T @ tokens / len(tokens), centred.T @ centred / len(centred)):
+        if shrinkage > 0:
+            m = (1 - shrinkage) * m + shrinkage * np.trace(m) / len(m) * np.eye(len(m))
+        roots.append(metric_root(m))
+    return tuple(roots)
+
+
 def _svd_bases(wq, wk, root_q=None, root_k=None):
     """``A_Q, A_K`` (``d_h x d_h``): the first ``r`` columns give the best rank-``r`` form.
 
