@@ -30,6 +30,20 @@ def power_of_two_scale(A):
     return float(np.ldexp(1.0, int(np.frexp(top)[1]) - 1))
 
 
+def _scale_into(A, scale, out):
+    """``out = A / scale`` for a power of two ``scale``, exactly.
+
+    The product by ``1 / scale`` is the same correctly rounded value as the quotient (both
+    round the exact ``A 2^-e`` once) and costs less; the inverse of a subnormal scale
+    overflows, so that one is divided by.
+    """
+    inverse = 1.0 / scale
+    if np.isfinite(inverse):
+        np.multiply(A, inverse, out=out)
+    else:
+        np.divide(A, scale, out=out)
+
+
 @dataclass
 class Moments:
     """Count, means and centred cross-products of inputs ``X`` and targets ``Y``.
@@ -93,9 +107,8 @@ class Moments:
         if self.scale_x == self.scale_y == 1.0:
             np.concatenate([X, Y], axis=1, out=Z)  # also converts the chunk to float64
         else:
-            # Dividing by a power of two is exact (its inverse may overflow: a subnormal scale).
-            np.divide(X, self.scale_x, out=Z[:, :p])
-            np.divide(Y, self.scale_y, out=Z[:, p:])
+            _scale_into(X, self.scale_x, Z[:, :p])
+            _scale_into(Y, self.scale_y, Z[:, p:])
         mean = Z.mean(axis=0) if self.center else np.zeros(Z.shape[1])
         if self.center:
             Z -= mean

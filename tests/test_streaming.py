@@ -142,3 +142,23 @@ def test_moments_agree_whatever_the_internal_chunk_size(chunk_values, scale, flo
     for name in ("mean_x", "mean_y", "xx", "xy", "yy"):
         np.testing.assert_allclose(getattr(chunked, name), getattr(whole, name), rtol=1e-9,
                                    atol=1e-9 * np.abs(getattr(whole, name)).max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(exponent=st.integers(-1074, 1023), seed=st.integers(0, 2**16))
+def test_scaled_moments_take_the_exact_quotient_by_the_power_of_two(exponent, seed):
+    # The moment pass scales a chunk by the product with 1 / 2^e where that inverse is finite
+    # (cheaper) and by the quotient where it overflows; both must be the quotient, bit for bit,
+    # subnormal results included.
+    from sklearn_ebound._moments import Moments
+
+    rng = np.random.default_rng(seed)
+    scale = float(np.ldexp(1.0, exponent))
+    X = rng.standard_normal((7, 3)) * np.ldexp(1.0, int(rng.integers(-1074, 1000)))
+    Y = rng.standard_normal((7, 2)) * scale
+    moments = Moments.empty(3, 2, center=False, scale_x=scale, scale_y=scale)
+    buffer = np.empty((7, 5))
+    with np.errstate(all="ignore"):
+        moments._add_chunk(X, Y, buffer)
+        expected = np.concatenate([X / scale, Y / scale], axis=1)
+    assert np.array_equal(buffer, expected, equal_nan=True)
