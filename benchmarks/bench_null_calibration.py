@@ -103,6 +103,8 @@ def assumption_cells():
         dict(name="sd ~ exp(x1)", kind="scale", scale="exp", **shape),
         dict(name="AR(1) 0.5 rows", kind="rows", rho=0.5, **shape),
         dict(name="AR(1) 0.9 rows", kind="rows", rho=0.9, **shape),
+        dict(name="sequences, no groups", kind="sequences", lengths=(5, 40), share=0.5,
+             **shape),
         dict(name="t 2.5 dof X and E", kind="t", df=2.5, **shape),
         dict(name="N = p + 5", n=25, p=20, q=15, kind="gaussian", covariance=np.eye(15)),
     ]
@@ -127,6 +129,18 @@ def _ar_rows(innovations, rho):
     return out
 
 
+def _sequence_codes(n, cell, rng):
+    """Sequence ids of ``n`` rows in consecutive sequences of random lengths (uniform over
+    ``cell["lengths"]``)."""
+    low, high = cell["lengths"]
+    return np.repeat(np.arange(n), rng.integers(low, high + 1, size=n))[:n]
+
+
+def _sequence_effects(values, codes, share, rng):
+    """``values`` plus an effect of variance ``share`` shared by the rows of each sequence."""
+    return values + np.sqrt(share) * rng.standard_normal((codes[-1] + 1, values.shape[1]))[codes]
+
+
 def draw_noise(cell, rng):
     """Inputs ``X`` (n, p) and noise ``E`` (n, q) of one draw of a cell."""
     n, p, q = cell["n"], cell["p"], cell["q"]
@@ -141,6 +155,10 @@ def draw_noise(cell, rng):
         return X, SCALES[cell["scale"]](X[:, :1]) * Z
     if kind == "rows":
         return _ar_rows(X, cell["rho"]), _ar_rows(Z, cell["rho"])
+    if kind == "sequences":  # tokens of one text: inputs and noise share the sequences
+        codes = _sequence_codes(n, cell, rng)
+        return (_sequence_effects(X, codes, cell["share"], rng),
+                _sequence_effects(Z, codes, cell["share"], rng))
     raise ValueError(f"unknown noise kind {kind!r}")
 
 

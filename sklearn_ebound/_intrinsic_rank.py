@@ -206,9 +206,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         How the sequential test was calibrated: ``"gaussian"`` (the Tracy–Widom edges), or,
         where the residual diagnostics reject what they assume, a resampled null:
         ``"wild-bootstrap"`` (input-dependent variance, heavy tails: one Rademacher sign per
-        row), ``"group-bootstrap"`` (dependence within the groups: one sign per group),
+        row), ``"group-bootstrap"`` (dependence within the groups: one normal multiplier per group),
         ``"block-bootstrap"`` (dependence along the rows: an AR(1) prewhitening of the rows,
-        then one sign per block of contiguous rows). A
+        then one normal multiplier per block of contiguous rows spanning the dependence the filter
+        leaves). A
         :class:`~sklearn_ebound.exceptions.RankEstimationWarning` names the failed assumption
         and the path taken. The user guide's "When the assumptions fail" gives the details.
     diagnostics_ : dict, only for 2-D statistics with ``criterion="threshold"``

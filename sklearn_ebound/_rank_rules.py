@@ -49,7 +49,14 @@ from ._null_edges import (
     white_edge_law,
 )
 from ._reduced_rank import rank_path_scores
-from ._resampled_null import NOISE_MODELS, ResampledNull, block_length, multiplier_clusters
+from ._resampled_null import (
+    NOISE_MODELS,
+    ResampledNull,
+    block_length,
+    fitted_noise_autocovariance,
+    long_run_factor,
+    multiplier_clusters,
+)
 from ._spectrum import energy_rank
 
 __all__ = [
@@ -603,8 +610,10 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
     n_targets = operator.output_directions.shape[0]
     k_x = max(operator.input_rank, 1)
     level = 1.0 - significance
+    # Clusters of dependent rows (groups, blocks) get normal multipliers: a sign keeps each
+    # cluster's own product fixed, and the null is too narrow where they are few or uneven.
     null = ResampledNull(rows, clusters, rng, weight=weight,
-                         gaussian=noise_model == "group-bootstrap")
+                         gaussian=noise_model in ("group-bootstrap", "block-bootstrap"))
     raw = fitted = operator.input_basis.T @ moments.xy
     if balance:
         fitted = null.balance_inputs(fitted)
@@ -699,7 +708,8 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
       (``"group-bootstrap"``);
     - dependence along the rows: the rows prewhitened by the AR(1) filter of the residuals'
       pooled lag-one autocorrelation (Andrews & Monahan 1992; it keeps the operator ``B``, so
-      its rank), then signs per block of contiguous rows (``"block-bootstrap"``);
+      its rank), then one normal multiplier per block of contiguous rows
+      (``"block-bootstrap"``);
     - input-dependent variance or heavy tails alone: signs per row (``"wild-bootstrap"``).
 
     Returns the reading and the operator it was read from (the prewhitened one after a
@@ -739,8 +749,14 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
             if filtered[1].residual_dof < 1:
                 return replace(gaussian, diagnostics=diagnostics), operator
             moments, operator, rows = filtered
-        block = block_length(rows.n_rows, _pooled_lag_one(rows.residual))
-        diagnostics["block_length"] = block
+        # Dependence the AR(1) filter leaves (blocks of rows sharing effects, longer memory)
+        # sets the blocks too; what they still cut of the long-run variance is restored.
+        autocovariance, reach = fitted_noise_autocovariance(rows.basis, rows.residual)
+        block = block_length(rows.n_rows, _pooled_lag_one(rows.residual), reach)
+        factor = long_run_factor(autocovariance, block)
+        weight *= factor
+        diagnostics.update(block_length=block, dependence_range=reach,
+                           long_run_factor=factor)
     else:
         noise_model = "wild-bootstrap"
     if rows is None:

@@ -23,6 +23,8 @@ __all__ = [
     "N_RESAMPLES",
     "multiplier_clusters",
     "block_length",
+    "fitted_noise_autocovariance",
+    "long_run_factor",
     "ResampledNull",
 ]
 
@@ -30,8 +32,8 @@ __all__ = [
 NOISE_MODELS = {
     "gaussian": "Tracy–Widom edges (independent, homoscedastic Gaussian noise)",
     "wild-bootstrap": "a wild bootstrap, one sign per row",
-    "block-bootstrap": "a wild bootstrap with one sign per block of contiguous rows, after "
-                       "an AR(1) prewhitening of the rows",
+    "block-bootstrap": "a wild bootstrap with one normal multiplier per block of contiguous "
+                       "rows, after an AR(1) prewhitening of the rows",
     "group-bootstrap": "a wild cluster bootstrap, one normal multiplier per group",
 }
 N_RESAMPLES = 299
@@ -41,13 +43,61 @@ _TW1_SKEWNESS = 0.2935
 _MAX_VALUES = 1 << 22
 
 
-def block_length(n_rows, lag1_autocorrelation):
+def block_length(n_rows, lag1_autocorrelation, dependence_range=0):
     """Rows per block of the block bootstrap: ``n^(1/3)`` times the integrated
     autocorrelation time ``(1 + |rho|) / (1 - |rho|)`` of an AR(1) of lag-one autocorrelation
-    ``rho``, at most ``n / 20`` (20 blocks)."""
+    ``rho``, and at least twice ``dependence_range`` (:func:`fitted_noise_autocovariance`), at
+    most ``n / 20`` (20 blocks)."""
     rho = min(abs(float(lag1_autocorrelation)), 0.99)
     length = int(np.ceil(n_rows ** (1 / 3) * (1 + rho) / (1 - rho)))
+    length = max(length, 2 * int(dependence_range))
     return max(1, min(length, n_rows // 20))
+
+
+def fitted_noise_autocovariance(basis, residual, max_lag=None):
+    """Autocovariances along the rows of the fitted values' noise terms ``u_t = Q_tᵀ r_t``,
+    pooled over their entries, up to the dependence range.
+
+    ``Z = sum_t u_t`` is the noise of the fitted values (``Q`` the inputs' orthonormal basis
+    ``basis``, ``r`` the residual rows), so ``E ||Z||^2 = sum_h c(h)`` over lags ``h`` of
+    ``c(h) = sum_t <u_t, u_{t+h}> = sum_t (Q_t . Q_{t+h}) (r_t . r_{t+h})``: ``n (k + q)``
+    operations a lag, pooled over all ``k q`` entries, so that even weak dependence is seen.
+    The lags run, as in Politis & White (2004), until ``K = max(5, sqrt(log10 n))``
+    consecutive ones are insignificant (``|c(h)|`` below ``2 sqrt(log10 n)`` standard errors
+    of its ``n - h`` terms); the dependence range ``m`` is the last significant lag before
+    them, and lags past it are taken as zero.
+
+    Returns ``(c, m)``: ``c`` of length ``m + 1`` (``c[0] = sum_t |u_t|^2``).
+    """
+    n = basis.shape[0]
+    max_lag = n // 20 if max_lag is None else int(max_lag)
+    window = max(5, int(np.ceil(np.sqrt(np.log10(max(n, 10))))))
+    z = 2.0 * np.sqrt(np.log10(max(n, 10)))
+    c = [float(np.einsum("ij,ij->i", basis, basis) @ np.einsum("ij,ij->i", residual, residual))]
+    last = 0
+    for h in range(1, max_lag + 1):
+        if h - last > window:
+            break
+        terms = (np.einsum("ij,ij->i", basis[h:], basis[:-h])
+                 * np.einsum("ij,ij->i", residual[h:], residual[:-h]))
+        c.append(float(terms.sum()))
+        if abs(c[-1]) > z * np.sqrt(float(terms @ terms)):
+            last = h
+    return np.asarray(c[:last + 1]), last
+
+
+def long_run_factor(autocovariance, block):
+    """Factor on the block bootstrap's noise that restores the long-run variance its blocks
+    cut: ``sqrt(sum_h c(h) / sum_h (1 - h / b)_+ c(h))`` over ``h = -m .. m`` for blocks of
+    ``b`` rows (pairs of terms ``h`` apart share a block in a share ``1 - h / b`` of them), at
+    least 1 (the blocks' variance is never narrowed)."""
+    c = np.asarray(autocovariance, dtype=np.float64)
+    lags = np.arange(c.size)
+    full = c[0] + 2 * c[1:].sum()
+    kept = c[0] + 2 * (np.clip(1 - lags[1:] / block, 0, None) * c[1:]).sum()
+    if not (kept > 0 and full > kept):
+        return 1.0
+    return float(np.sqrt(full / kept))
 
 
 def multiplier_clusters(n_rows, noise_model, groups=None, block=1):

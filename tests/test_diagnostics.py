@@ -25,6 +25,7 @@ from sklearn_ebound._least_squares import solve_static
 from sklearn_ebound._moments import Moments
 from sklearn_ebound._null_edges import _tracy_widom_cdf, tracy_widom_p_value
 from sklearn_ebound._rank_rules import INDISTINCT_LEVEL
+from sklearn_ebound._resampled_null import fitted_noise_autocovariance, long_run_factor
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 
@@ -329,3 +330,60 @@ def test_noise_free_fit_keeps_the_gaussian_rule():
     est = IntrinsicRankEstimator().fit(X, Y)
     assert est.rank_ == params.rank == 1
     assert est.noise_model_ == "gaussian"
+
+
+def _sequence_rows(seed, n=1200, p=10, q=30, length=20):
+    """Rows in consecutive sequences of ``length`` sharing an effect in inputs and noise."""
+    rng = np.random.default_rng(seed)
+    codes = np.arange(n) // length
+    X = rng.standard_normal((n, p)) + 0.7 * rng.standard_normal((codes[-1] + 1, p))[codes]
+    E = rng.standard_normal((n, q)) + 0.7 * rng.standard_normal((codes[-1] + 1, q))[codes]
+    return X, E
+
+
+def test_fitted_noise_autocovariance_is_the_sum_of_lagged_products():
+    rng = np.random.default_rng(0)
+    basis, residual = rng.standard_normal((200, 3)), rng.standard_normal((200, 4))
+    c, reach = fitted_noise_autocovariance(basis, residual, max_lag=6)
+    u = np.einsum("ti,tj->tij", basis, residual)
+    for h, value in enumerate(c):
+        expected = np.einsum("tij,tij->", u[h:], u[:len(u) - h])
+        assert value == pytest.approx(expected, rel=1e-12)
+    assert c.size == reach + 1
+
+
+def test_dependence_range_sees_rows_sharing_effects_and_not_independent_rows():
+    X, E = _sequence_rows(0, length=12)
+    Xc = X - X.mean(0)
+    basis = np.linalg.qr(Xc)[0]
+    residual = E - E.mean(0) - basis @ (basis.T @ E)
+    _, reach = fitted_noise_autocovariance(basis, residual)
+    assert 8 <= reach <= 14
+    rng = np.random.default_rng(1)
+    basis = np.linalg.qr(rng.standard_normal((1200, 10)))[0]
+    _, reach = fitted_noise_autocovariance(basis, rng.standard_normal((1200, 30)))
+    assert reach <= 2
+
+
+def test_long_run_factor_restores_what_blocks_cut():
+    assert long_run_factor([5.0], 10) == 1.0
+    c = np.array([4.0, 2.0, 1.0])
+    kept = 4 + 2 * (2 * (1 - 1 / 4) + 1 * (1 - 2 / 4))
+    assert long_run_factor(c, 4) == pytest.approx(np.sqrt((4 + 2 * 3) / kept))
+    assert long_run_factor([4.0, -1.0], 4) == 1.0  # never narrower than the blocks
+
+
+def test_rows_sharing_effects_without_groups_keep_the_level():
+    # Sequences of 20 rows sharing effects, the groups not given: the serial test sends them
+    # to the block bootstrap, whose blocks must span the sequences (an AR(1) filter does not
+    # remove this dependence). Blocks from the lag-one autocorrelation alone read a rank in
+    # four of these six draws at 1e-3.
+    ranks, models = [], set()
+    for seed in range(6):
+        X, E = _sequence_rows(seed, n=2000, p=20, q=60)
+        estimator, _ = _fit(X, E, significance=1e-3)
+        ranks.append(estimator.rank_)
+        models.add(estimator.noise_model_)
+        assert estimator.diagnostics_["dependence_range"] >= 10
+    assert models == {"block-bootstrap"}
+    assert sum(ranks) <= 1
