@@ -38,6 +38,7 @@ __all__ = [
     "residual_rows",
     "diagnose_residuals",
     "failed_assumptions",
+    "absorbed_group_contrasts",
 ]
 
 # Rows that partial_fit and dask keep for the diagnostics and the resampling.
@@ -467,3 +468,25 @@ def failed_assumptions(diagnostics):
     level = diagnostics.get("level", DIAGNOSTIC_LEVEL) / len(ASSUMPTIONS)
     return tuple(name for name in ASSUMPTIONS
                  if name in diagnostics and diagnostics[name]["p_value"] <= level)
+
+
+def absorbed_group_contrasts(basis, groups):
+    """How much of the group contrasts the inputs' column space holds.
+
+    With ``Q`` (``basis``) orthonormal columns spanning the centred inputs and ``P_G`` the
+    projection on the group indicators, ``tr(Qᵀ P_G Q) = sum_g n_g ||mean_g(Q)||^2`` is the sum
+    of the squared canonical correlations between the two spaces: of the ``G - 1`` directions
+    that separate the groups, about that many lie in the inputs' span (by chance about
+    ``k (G - 1) / n``). Noise shared within a group along those directions goes into the
+    fitted values and leaves the residuals, where no test can see it.
+
+    Returns ``(absorbed, n_contrasts)``, ``n_contrasts = G - 1``.
+    """
+    codes = np.asarray(groups).ravel()
+    counts = np.bincount(codes)
+    sums = np.zeros((counts.size, basis.shape[1]))
+    np.add.at(sums, codes, basis)
+    present = counts > 0
+    absorbed = float(np.sum(sums[present] ** 2 / counts[present, None]))
+    return absorbed, int(present.sum()) - 1
+

@@ -20,6 +20,7 @@ from sklearn.model_selection import GroupKFold
 from ._diagnostics import (
     ASSUMPTIONS,
     DIAGNOSTIC_ROWS,
+    absorbed_group_contrasts,
     diagnose_residuals,
     failed_assumptions,
     residual_rows,
@@ -632,8 +633,9 @@ def resampled_threshold_rule(moments, operator, significance, rows, noise_model,
         significance)
     caveats = ()
     if noise_model != "wild-bootstrap" and null.n_clusters < _MIN_CLUSTERS:
-        caveats = (f"Only {null.n_clusters} groups or blocks of rows share the resampled "
-                   f"signs (fewer than {_MIN_CLUSTERS}): the level of the test is approximate.",)
+        caveats = (f"Only {null.n_clusters} groups or blocks of rows share a resampled "
+                   f"multiplier (fewer than {_MIN_CLUSTERS}): the level of the test is "
+                   "approximate.",)
     diagnostics = None
     if influence:
         # The rows' fitted values along each accepted direction of the matrix the rule read.
@@ -731,10 +733,14 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
         None if groups is None else groups[head]))
     failed = failed_assumptions(diagnostics)
     diagnostics["failed"] = failed
+    absorbed = None if groups is None else _absorbed_groups_caveat(sample, moments, operator,
+                                                                   diagnostics)
     if not failed:
-        return replace(gaussian, diagnostics=diagnostics), operator
+        caveats = (*gaussian.caveats, absorbed) if absorbed else gaussian.caveats
+        return replace(gaussian, diagnostics=diagnostics, caveats=caveats), operator
     dependent = {"serial_dependence", "group_dependence"} & set(failed)
     weight = np.sqrt(moments.n / sample.n_rows)
+    short = None
     block = 1
     rows = None
     if groups is not None and dependent:
@@ -757,6 +763,11 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
         weight *= factor
         diagnostics.update(block_length=block, dependence_range=reach,
                            long_run_factor=factor)
+        if 2 * reach > block:
+            short = (f"The rows are dependent over about {reach} rows, longer than the "
+                     f"blocks of {block} rows that {rows.n_rows} rows allow (at least 20 "
+                     "blocks): the level of the test is not kept. Pass the sequence or "
+                     "subject ids as `groups`.")
     else:
         noise_model = "wild-bootstrap"
     if rows is None:
@@ -770,6 +781,9 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
                                        clusters, rng, weight=weight, balance=sample.complete,
                                        influence=influence)
     diagnostics.update(reading.diagnostics or {})
+    extra = tuple(c for c in (short, absorbed) if c)
+    if extra:
+        reading = replace(reading, caveats=(*reading.caveats, *extra))
     if expected:
         diagnostics["expected"] = tuple(name for name in ASSUMPTIONS if name in expected)
     if set(failed) <= set(expected):
@@ -781,6 +795,25 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
               "diagnostics_ holds the tests).")
     return replace(reading, diagnostics=diagnostics,
                    caveats=(caveat, *reading.caveats)), operator
+
+
+def _absorbed_groups_caveat(sample, moments, operator, diagnostics):
+    """A caveat where the inputs span most of the directions that separate the groups
+    (:func:`._diagnostics.absorbed_group_contrasts`): noise shared within a group then sits in
+    the fitted values, not in the residuals the diagnostics and the resampling read, and too
+    few contrasts are left outside to show it (fewer than the absorbed ones, and than 30)."""
+    if operator.input_basis is None:
+        return None
+    basis = (sample.X / moments.scale_x - moments.mean_x) @ operator.input_basis
+    absorbed, contrasts = absorbed_group_contrasts(basis, sample.group_codes())
+    diagnostics["absorbed_group_contrasts"] = {"absorbed": absorbed, "contrasts": contrasts}
+    left = contrasts - absorbed
+    if not (absorbed > left and left < _MIN_CLUSTERS):
+        return None
+    return (f"The inputs span about {absorbed:.0f} of the {contrasts} directions that separate "
+            f"the {contrasts + 1} groups: noise shared within a group along them goes into the "
+            "fitted values, where the residuals cannot show it, and the level of the test is "
+            "not kept. More groups, or inputs that vary within the groups, are needed.")
 
 
 def _pooled_lag_one(residual):

@@ -17,6 +17,7 @@ from sklearn_ebound._diagnostics import (
     DIAGNOSTIC_ROWS,
     RowSample,
     _chi2_upper,
+    absorbed_group_contrasts,
     diagnose_residuals,
     failed_assumptions,
     residual_rows,
@@ -387,3 +388,34 @@ def test_rows_sharing_effects_without_groups_keep_the_level():
         assert estimator.diagnostics_["dependence_range"] >= 10
     assert models == {"block-bootstrap"}
     assert sum(ranks) <= 1
+
+
+def test_absorbed_group_contrasts_count_the_group_directions_the_inputs_span():
+    rng = np.random.default_rng(0)
+    codes = np.repeat(np.arange(10), 30)
+    # each direction of inputs constant within groups is a contrast; of independent inputs,
+    # about k 9 / n of them
+    X = rng.standard_normal((10, 8))[codes]
+    basis = np.linalg.qr(X - X.mean(0))[0]
+    absorbed, contrasts = absorbed_group_contrasts(basis, codes)
+    assert contrasts == 9 and absorbed == pytest.approx(8.0)
+    X = rng.standard_normal((300, 12))
+    basis = np.linalg.qr(X - X.mean(0))[0]
+    absorbed, _ = absorbed_group_contrasts(basis, codes)
+    assert absorbed < 2.0
+
+
+def test_groups_the_inputs_span_are_warned():
+    # 16 groups of 20 rows sharing effects in inputs and noise, 60 inputs: the fit takes the
+    # groups' shared noise into the fitted values, the residuals pass every test, and a rank
+    # is read in pure noise. That must not come without a warning.
+    rng = np.random.default_rng(0)
+    codes = np.repeat(np.arange(16), 20)
+    X = rng.standard_normal((320, 60)) + 0.7 * rng.standard_normal((16, 60))[codes]
+    E = rng.standard_normal((320, 3)) + 0.7 * rng.standard_normal((16, 3))[codes]
+    estimator, caught = _fit(X, E, groups=codes)
+    assert any("directions that separate the 16 groups" in str(w.message) for w in caught)
+    assert estimator.diagnostics_["absorbed_group_contrasts"]["absorbed"] > 7.5
+    # independent inputs with the same groups: no such warning
+    estimator, caught = _fit(rng.standard_normal((320, 60)), E, groups=codes)
+    assert not any("separate the" in str(w.message) for w in caught)
