@@ -379,8 +379,11 @@ def _no_residual_rule(s, k_x, n_targets, n_samples, significance):
             return float(value <= 0)
         return tracy_widom_p_value((value / sigma**2 - mu) / scale, exact)
 
+    def floor(k, value, exact=False):
+        return white_floor_p_value(value / sigma**2, k_x - k, n_targets - k, exact)
+
     rank, cut = _sequential_count(s**2, edge)
-    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance, floor)
     threshold = float(np.sqrt(cut / n_samples)) if cut is not None else 0.0
     return RankReading(rank, spectrum, threshold, noise_variance=float(sigma**2),
                        caveats=(caveat,), noise_model="gaussian", p_values=p_values,
@@ -458,6 +461,27 @@ def rank_interval(floors, rank, floor_level):
     return int(rank), int(max(rank, high))
 
 
+def white_floor_p_value(value, n_rows, n_cols, exact=False):
+    """``P(largest > value)`` for the largest eigenvalue of ``WᵀW``, ``W`` an ``n_rows x
+    n_cols`` unit Gaussian matrix, for the interval's top (:func:`rank_interval`): the
+    Tracy–Widom p-value, or where larger the bound from the rows and columns.
+
+    The largest eigenvalue is at least every row's and every column's squared norm, so
+    ``P(largest <= x) <= F(x; n_cols)^n_rows`` and ``F(x; n_rows)^n_cols`` (``F`` the
+    chi-square distribution function): a p-value at least ``1 - F^m`` for both. Johnstone's
+    law, built for the upper tail, has a lower tail far too heavy for a matrix a few rows
+    thin (at one row the law is exactly the chi-square's), which the bound corrects.
+    """
+    mu, scale = white_edge_law(n_rows, n_cols)
+    if scale <= 0:
+        return float(value <= 0)
+    p = tracy_widom_p_value((value - mu) / scale, exact)
+    for rows, cols in ((n_rows, n_cols), (n_cols, n_rows)):
+        log_cdf = stats.chi2.logcdf(value, cols)
+        p = max(p, float(-np.expm1(rows * log_cdf)))
+    return p
+
+
 def detection_limit(noise_variance, n_inputs, n_targets, n_samples):
     """Smallest population singular value (in the units of ``fitted / sqrt(n)``) that noise of
     variance ``noise_variance`` per entry lets the fitted values show: the phase transition
@@ -532,15 +556,18 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
 
-    def white_p_value(k, value, exact, widen):
+    def p_value(k, value, exact=False):
         mu, scale = white_edge_law(k_x - k, n_targets - k)
-        unit = widen * sigma**2
+        unit = widening * sigma**2
         if scale <= 0 or unit <= 0:
             return float(value <= 0)
         return tracy_widom_p_value((value / unit - mu) / scale, exact)
 
-    return (edge, lambda k, value, exact=False: white_p_value(k, value, exact, widening),
-            lambda k, value, exact=False: white_p_value(k, value, exact, 1.0), level)
+    def floor(k, value, exact=False):
+        return white_floor_p_value(value / sigma**2 if sigma > 0 else np.inf, k_x - k,
+                                   n_targets - k, exact)
+
+    return edge, p_value, floor, level
 
 
 def _correlated_edge(operator, k_x, level):
