@@ -229,17 +229,20 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     p_values_ : ndarray, only where ``noise_model_`` is set
         P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
         are accepted (``rank_`` is the number of leading p-values at most ``significance``).
-        The tests run past ``rank_`` up to the first direction whose p-value reaches
-        ``P(TW1 > 0)`` (about 0.17).
+        The tests run past ``rank_`` up to the first direction too weak to be one (the end
+        of ``rank_interval_``).
     rank_interval_ : tuple of int, only where ``noise_model_`` is set
         ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
         ``significance``. ``low = rank_``, less the accepted directions flagged as carried by
         a handful of contradicting rows (``diagnostics_["influential_directions"]``: the rank
         may count outliers that are leverage points, and is left as read); ``high`` counts
-        the leading directions whose p-value is below ``P(TW1 > 0)``: they stand above the
-        centre of the noise's edge, as a direction above the detection limit does, without
-        being significant; below 20 residual degrees of freedom, above that centre at the
-        smallest noise level the residuals allow at ``significance``. Where the energy cap
+        the leading directions whose value noise alone would not exceed in ``1 -
+        significance`` of draws (a real direction of any strength is left out at most that
+        often, so the interval holds the true rank in at least ``1 - 2 significance`` of
+        draws; at ``1e-3`` it passes a few noise values, directions as weak as the detection
+        limit being indistinguishable from them); below 20 residual degrees of freedom, the
+        directions above the centre of the noise's edge at the smallest noise level the
+        residuals allow at ``significance``. Where the energy cap
         of an approximate attention model set the rank (below what the noise test passed),
         ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set

@@ -143,12 +143,14 @@ def white_edge_law(n_rows, n_cols):
 
 
 def tracy_widom_p_value(x, exact=False):
-    """``P(TW1 > x)``: Chiani's gamma form, or with ``exact`` (and between 1e-10 and 0.05) the
-    exact distribution function of :func:`tracy_widom_quantile`, so that a p-value and an
-    edge at the same level agree (the two differ by about 1e-4 at those levels)."""
+    """``P(TW1 > x)``: Chiani's gamma form, or with ``exact`` (and between 1e-10 and 0.05, or
+    between 0.95 and ``1 - 1e-10``) the exact distribution function of
+    :func:`tracy_widom_quantile`, so that a p-value and an edge at the same level agree (the
+    two differ by about 1e-4 in the upper tail, and by a fifth of ``P(TW1 <= x)`` at 1e-3 in
+    the lower one, where the gamma form's tail is too thin)."""
     approximate = float(special.gammaincc(_TW1_GAMMA_SHAPE, max(0.0, (float(x) + _TW1_GAMMA_SHIFT)
                                                                  / _TW1_GAMMA_SCALE)))
-    if not (exact and 1e-10 < approximate < 0.05):
+    if not (exact and (1e-10 < approximate < 0.05 or 0.95 < approximate < 1 - 1e-10)):
         return approximate
     return 1.0 - _tracy_widom_cdf(float(x))
 

@@ -331,12 +331,11 @@ def threshold_rule(moments, operator, significance):
                           detection_limit=limit)
     white = residuals_look_white(operator.residual, dof,
                                  operator.residual_covariance_eigh[0])
-    stop = INDISTINCT_LEVEL
     if white:
-        edge, p_value, stop = _white_edge(operator, np.sqrt(noise_variance), k_x, n_targets,
-                                          level)
+        edge, p_value, floor, floor_level = _white_edge(operator, np.sqrt(noise_variance), k_x,
+                                                        n_targets, level)
     else:
-        edge, p_value, stop = _correlated_edge(operator, k_x, level)
+        edge, p_value, floor, floor_level = _correlated_edge(operator, k_x, level)
     rank, cut = _sequential_count(s**2, edge)
     if not white:
         whitened = _canonical_rank(moments, level)
@@ -354,7 +353,8 @@ def threshold_rule(moments, operator, significance):
                            p_values=p_values, rank_interval=interval,
                            detection_limit=canonical_detection_limit(k_x, n_targets, moments.dof))
     threshold = float(np.sqrt(cut / moments.n)) if cut is not None else 0.0
-    p_values, interval = sequential_p_values(s**2, p_value, rank, significance, stop)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance, floor,
+                                             floor_level)
     return replace(reading, rank=rank, threshold=threshold, p_values=p_values,
                    rank_interval=interval)
 
@@ -387,8 +387,11 @@ def _no_residual_rule(s, k_x, n_targets, n_samples, significance):
             return float(value <= 0)
         return tracy_widom_p_value((value / sigma**2 - mu) / scale, exact)
 
+    def floor(k, value, exact=False):
+        return white_floor_p_value(value / sigma**2, k_x - k, n_targets - k, exact)
+
     rank, cut = _sequential_count(s**2, edge)
-    p_values, interval = sequential_p_values(s**2, p_value, rank, significance)
+    p_values, interval = sequential_p_values(s**2, p_value, rank, significance, floor)
     threshold = float(np.sqrt(cut / n_samples)) if cut is not None else 0.0
     return RankReading(rank, spectrum, threshold, noise_variance=float(sigma**2),
                        caveats=(caveat,), noise_model="gaussian", p_values=p_values,
@@ -396,44 +399,95 @@ def _no_residual_rule(s, k_x, n_targets, n_samples, significance):
                        detection_limit=detection_limit(sigma**2, k_x, n_targets, n_samples))
 
 
-# A direction whose p-value is below this stands above the centre of the noise's edge: the
-# chance that TW1 exceeds its centring, P(TW1 > 0) = tracy_widom_p_value(0.0) (a test checks).
-INDISTINCT_LEVEL = 0.16809193379705223
-
-
-def sequential_p_values(values, p_value, rank, significance, stop=INDISTINCT_LEVEL):
+def sequential_p_values(values, p_value, rank, significance, floor_p_value=None,
+                        floor_level=None):
     """P-values ``p_value(k, values[k])`` of the sequential tests, and the interval of ranks
-    they cannot tell apart (:func:`rank_interval`). ``p_value(k, value, exact=True)`` is asked
-    for where the fast one disagrees with ``rank`` (read from the edges at ``significance``).
+    they cannot tell apart at ``significance`` (:func:`rank_interval`). ``p_value(k, value,
+    exact=True)`` is asked for where the fast one disagrees with ``rank`` (read from the
+    edges at ``significance``) or would end the interval.
 
-    The tests run past ``rank`` until a direction's p-value reaches ``stop``: the interval's
-    upper end counts the leading directions that stand above the centre of the noise's edge.
-    ``stop`` is that centre's p-value, a number for the Tracy–Widom tests (``P(TW1 > 0)``) or
-    ``stop(k)`` where it depends on the step.
+    The tests run past ``rank`` until a direction's value is one that noise alone would exceed
+    in all but ``significance`` of draws: its ``floor_p_value`` (default ``p_value``; the
+    p-value under the weakest noise the data allow, without the widening that makes the
+    rank's own tests conservative) reaches ``floor_level`` (default ``1 - significance``), a
+    number or ``floor_level(k)`` where it depends on the step.
     """
-    p_values, stops = [], []
+    floor_p_value = p_value if floor_p_value is None else floor_p_value
+    if floor_level is None:
+        floor_level = 1 - significance
+    p_values, floors, levels = [], [], []
     for k, value in enumerate(values):
+        levels.append(floor_level(k) if callable(floor_level) else floor_level)
         p_values.append(p_value(k, value))
-        stops.append(stop(k) if callable(stop) else stop)
         if (k < rank) != (p_values[-1] <= significance):
             # Near the level an approximate p-value may disagree with the edge: the exact one.
             p_values[-1] = p_value(k, value, exact=True)
-        if k >= rank and p_values[-1] >= stops[-1]:
-            break
+        if k < rank:
+            floors.append(0.0)
+            continue
+        floors.append(p_values[-1] if floor_p_value is p_value else floor_p_value(k, value))
+        if floors[-1] >= levels[-1]:
+            # The gamma form's lower tail is too thin: the exact p-value decides the end.
+            floors[-1] = floor_p_value(k, value, exact=True)
+            if floors[-1] >= levels[-1]:
+                break
     p_values = np.asarray(p_values, dtype=np.float64)
-    return p_values, rank_interval(p_values, rank, np.asarray(stops, dtype=np.float64))
+    return p_values, rank_interval(floors, rank, np.asarray(levels, dtype=np.float64))
 
 
-def rank_interval(p_values, rank, stop=INDISTINCT_LEVEL):
+def rank_interval(floors, rank, floor_level):
     """Ranks the sequential tests cannot tell apart: from ``rank`` (the directions significant
-    at the level) to the number of leading directions whose p-value is below ``stop``
-    (``P(TW1 > 0)``, about 0.17, or one per direction: they stand above the centre of the
-    noise's edge, where the population value of a direction at the detection limit puts
-    it)."""
-    p_values = np.asarray(p_values)
-    above = p_values >= np.broadcast_to(stop, p_values.shape)
-    high = int(np.argmax(above)) if np.any(above) else len(p_values)
+    at the level) to the number of leading directions whose ``floors`` (p-values) are below
+    ``floor_level`` (one per direction, or one for all): ``1 - significance``, but for the
+    few residual degrees of freedom of :func:`_white_edge` and :func:`_correlated_edge`.
+
+    Each p-value is ``P(noise's value > observed)`` under the step's null law, the largest
+    eigenvalue of the noise left once the directions before it are taken out. Planting a
+    direction of any strength in Gaussian noise makes that largest value stochastically larger
+    (Anderson's (1955) theorem: for a centred Gaussian and a convex symmetric set, here
+    ``{E : ||E||_2 <= t}``, the probability of the shifted set falls with the shift), so a real
+    direction has a p-value of at least ``1 - significance`` with probability at most
+    ``significance`` whatever its population value. At the detection limit a direction's
+    sample value sits at the edge's centre, with fluctuations of the edge's own Tracy–Widom
+    scale (Baik, Ben Arous & Péché 2005; its own law there is not in closed form), so no
+    cut much above noise's own lower quantile holds it at that level. The upper end is thus a
+    lower-tail test at the level of the rank's upper-tail tests: a rank ``k`` above it needs a
+    ``k``-th direction with a value that noise alone would exceed in all but ``significance``
+    of draws. The bound is exact for the weakest direction when the stronger ones are well
+    separated (their deflation is then exact); several equal directions near the limit push
+    the weakest one lower, which it does not cover.
+
+    Noise does not carry the top far: each further noise value is compared with the largest of
+    a smaller noise matrix, which the ``m``-th largest value of the noise undershoots by a
+    margin that grows with ``m`` (about ``m^{2/3}`` of the edge's scale), so the top passes a
+    few noise values, more the smaller ``significance`` (about 4 in a white ``30 x 30`` noise
+    matrix at ``1e-3``) and as many as the ``min(rank(X), q)`` there are only where the
+    noise level is uncertain."""
+    floors = np.asarray(floors)
+    below = floors >= np.broadcast_to(floor_level, floors.shape)
+    high = int(np.argmax(below)) if np.any(below) else len(floors)
     return int(rank), int(max(rank, high))
+
+
+def white_floor_p_value(value, n_rows, n_cols, exact=False):
+    """``P(largest > value)`` for the largest eigenvalue of ``WᵀW``, ``W`` an ``n_rows x
+    n_cols`` unit Gaussian matrix, for the interval's top (:func:`rank_interval`): the
+    Tracy–Widom p-value, or where larger the bound from the rows and columns.
+
+    The largest eigenvalue is at least every row's and every column's squared norm, so
+    ``P(largest <= x) <= F(x; n_cols)^n_rows`` and ``F(x; n_rows)^n_cols`` (``F`` the
+    chi-square distribution function): a p-value at least ``1 - F^m`` for both. Johnstone's
+    law, built for the upper tail, has a lower tail far too heavy for a matrix a few rows
+    thin (at one row the law is exactly the chi-square's), which the bound corrects.
+    """
+    mu, scale = white_edge_law(n_rows, n_cols)
+    if scale <= 0:
+        return float(value <= 0)
+    p = tracy_widom_p_value((value - mu) / scale, exact)
+    for rows, cols in ((n_rows, n_cols), (n_cols, n_rows)):
+        log_cdf = stats.chi2.logcdf(value, cols)
+        p = max(p, float(-np.expm1(rows * log_cdf)))
+    return p
 
 
 def detection_limit(noise_variance, n_inputs, n_targets, n_samples):
@@ -458,7 +512,10 @@ def canonical_detection_limit(n_inputs, n_outputs, dof):
 def _white_edge(operator, sigma, k_x, n_targets, level):
     """Edge ``edge(k)`` of the squared singular values for white residuals of level ``sigma``,
     the p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the
-    p-value of the centre of the step's edge (the stop of :func:`sequential_p_values`)."""
+    floor of :func:`sequential_p_values` and its level: that p-value without the widening
+    (which only raises the edge) and ``level``, or, with few residual degrees of
+    freedom, the p-value and that of the edge's centre at the smallest noise level the
+    residuals allow at the level."""
     # Sphericity kept does not make the noise exactly white: mild correlation widens the
     # edge. The shape matched to the largest residual eigenvalue says by how much (1 when
     # white noise of the same level explains it).
@@ -489,19 +546,20 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
                 return float(value <= 0)
             return null_ratio_sf(law, variance, value / unit)
 
-        # sigma^2 can be as small as sigma_hat^2 / high at the level: the interval's top
-        # counts the directions above the centre of the edge at that noise level, so that a
-        # direction above the detection limit is left out only where sigma_hat came out
-        # implausibly high (the widening, which only raises the centre, is left out too).
+        # sigma_hat's spread is shared by every step, so the ratio's lower tail would let the
+        # interval's top pass every noise value (a lower-tail test at the level has no power
+        # at 4 residual degrees of freedom). sigma^2 can be as small as sigma_hat^2 / high at
+        # the level: the top counts the directions above the centre of the edge at that noise
+        # level (the widening, which only raises the centre, left out too).
         high = stats.chi2.ppf(level, dof * n_targets) / (dof * n_targets)
 
-        def stop(k):
+        def floor_level(k):
             law = numerator(k)
             if law.sigma <= 0:
-                return INDISTINCT_LEVEL
+                return level
             return null_ratio_sf(law, variance, law.mu / (high * widening))
 
-        return edge, p_value, stop
+        return edge, p_value, p_value, floor_level
 
     def edge(k):
         return widening * sigma**2 * null_edge_white(k_x - k, n_targets - k, level)
@@ -513,13 +571,21 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
             return float(value <= 0)
         return tracy_widom_p_value((value / unit - mu) / scale, exact)
 
-    return edge, p_value, INDISTINCT_LEVEL
+    def floor(k, value, exact=False):
+        return white_floor_p_value(value / sigma**2 if sigma > 0 else np.inf, k_x - k,
+                                   n_targets - k, exact)
+
+    return edge, p_value, floor, level
 
 
 def _correlated_edge(operator, k_x, level):
     """Edge ``edge(k)`` of the squared singular values relative to the residuals', the
-    p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the stop of
-    :func:`sequential_p_values` (see :func:`_white_edge`)."""
+    p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the floor of
+    :func:`sequential_p_values` and its level: the p-value under the fitted values' own law
+    for the noise covariance matched to the residuals, its spike detached (El Karoui's law
+    over every eigenvalue, conservative above, has a lower tail far too thin near a spike,
+    and would make a real direction look weaker than noise), and ``level``; with few
+    residual degrees of freedom, as in :func:`_white_edge`."""
     dof = operator.residual_dof
     values, vectors = edge_matched_noise_covariance(operator.residual, dof,
                                                     operator.residual_covariance_eigh)
@@ -540,33 +606,43 @@ def _correlated_edge(operator, k_x, level):
             # eigenvalues (conservative above) for the fitted values.
             fitted_law = largest_eigenvalue_law(shape, k_x - k, detach_spike=False)
             residual_law = largest_eigenvalue_law(shape, dof)
-            laws[k] = observed, fitted_law, residual_law
+            floor_law = largest_eigenvalue_law(shape, k_x - k)
+            laws[k] = observed, fitted_law, residual_law, floor_law
         return laws[k]
 
     def edge(k):
-        observed, fitted_law, residual_law = step(k)
+        observed, fitted_law, residual_law, _ = step(k)
         if observed <= 0 or residual_law.mean <= 0:
             return 0.0  # no noise left in these directions
         return observed * null_edge_ratio(fitted_law, residual_law, level)
 
     def p_value(k, value, exact=False):  # consistent with the edge as it is
-        observed, fitted_law, residual_law = step(k)
+        observed, fitted_law, residual_law, _ = step(k)
         if observed <= 0 or residual_law.mean <= 0:
             return float(value <= 0)
         return null_ratio_sf(fitted_law, residual_law, value / observed)
 
-    if dof >= _MIN_DIAGNOSTIC_DOF:
-        return edge, p_value, INDISTINCT_LEVEL
+    if dof < _MIN_DIAGNOSTIC_DOF:
+        def floor_level(k):
+            # Few residual degrees of freedom (see _white_edge): the centre of the fitted
+            # values' edge at the smallest noise scale the observed residual eigenvalue allows
+            # at the level.
+            observed, fitted_law, residual_law, _ = step(k)
+            if observed <= 0 or residual_law.mean <= 0:
+                return level
+            return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
 
-    def stop(k):
-        # Few residual degrees of freedom: the centre of the fitted values' edge at the
-        # smallest noise scale the observed residual eigenvalue allows at the level.
-        observed, fitted_law, residual_law = step(k)
+        return edge, p_value, p_value, floor_level
+
+    def floor(k, value, exact=False):
+        # Enough residual degrees of freedom fix the noise covariance's top: its own law (the
+        # ratio to one observed eigenvalue would spread the lower tail with that eigenvalue's).
+        observed, _, residual_law, floor_law = step(k)
         if observed <= 0 or residual_law.mean <= 0:
-            return INDISTINCT_LEVEL
-        return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
+            return float(value <= 0)
+        return float(floor_law.sf(value))
 
-    return edge, p_value, stop
+    return edge, p_value, floor, level
 
 
 def _canonical_rank(moments, level):

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import special
+from scipy.optimize import brentq
 from sklearn.model_selection import GroupKFold
 
 from sklearn_ebound import IntrinsicRankEstimator, rank_path_scores
@@ -25,7 +26,6 @@ from sklearn_ebound._diagnostics import (
 from sklearn_ebound._least_squares import solve_static
 from sklearn_ebound._moments import Moments
 from sklearn_ebound._null_edges import _tracy_widom_cdf, tracy_widom_p_value
-from sklearn_ebound._rank_rules import INDISTINCT_LEVEL
 from sklearn_ebound._resampled_null import fitted_noise_autocovariance, long_run_factor
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 from sklearn_ebound.exceptions import RankEstimationWarning
@@ -226,10 +226,68 @@ def test_detection_limit_is_the_phase_transition():
     assert weak.rank_ == 0 and strong.rank_ == 1
 
 
-def test_indistinct_level_is_tracy_widom_above_its_centre():
-    # The exact P(TW1 > 0), and Chiani's form (what p-values above 0.05 use) close to it.
-    assert INDISTINCT_LEVEL == pytest.approx(1 - _tracy_widom_cdf(0.0), rel=1e-9)
-    assert tracy_widom_p_value(0.0) == pytest.approx(INDISTINCT_LEVEL, abs=1e-3)
+def test_lower_tail_p_values_are_exact_where_the_interval_ends():
+    # The interval's top ends at a p-value of 1 - significance: there the gamma form's lower
+    # tail is a fifth too thin, and the exact p-value is TW1's own distribution function.
+    low = brentq(lambda x: _tracy_widom_cdf(x) - 1e-3, -8.0, -2.0, xtol=1e-12)
+    assert tracy_widom_p_value(low, exact=True) == pytest.approx(1 - 1e-3, abs=1e-9)
+    assert abs(tracy_widom_p_value(low) - (1 - 1e-3)) > 1e-4  # the fast form differs
+
+
+def _planted(seed, n=2000, p=20, q=30, rank=3, strength=1.0, limit=None):
+    """White Gaussian data with ``rank`` equal directions at ``strength`` times ``limit``."""
+    rng = np.random.default_rng(seed)
+    X, E = rng.standard_normal((n, p)), rng.standard_normal((n, q))
+    if limit is None or rank == 0:
+        return X, E
+    U = np.linalg.qr(rng.standard_normal((p, rank)))[0]
+    V = np.linalg.qr(rng.standard_normal((q, rank)))[0]
+    return X, X @ (U * strength * limit) @ V.T + E
+
+
+def test_rank_interval_holds_equal_directions_just_above_the_detection_limit():
+    # Three equal directions at 1.5 times the limit: their weakest sample value falls below
+    # the centre of the noise's edge in about half the draws (what the interval's top used to
+    # count up to), but below noise's own 1e-3 quantile in none.
+    limit = _fit(*_planted(100, rank=0))[0].detection_limit_
+    held = 0
+    for seed in range(30):
+        estimator, _ = _fit(*_planted(seed, strength=1.5, limit=limit))
+        low, high = estimator.rank_interval_
+        held += low <= 3 <= high
+        # The top counts a direction while its value is not below what noise alone reaches
+        # in all but `significance` of draws.
+        p = estimator.p_values_
+        assert p.size == min(high + 1, 20)
+    assert held >= 29
+
+
+def test_rank_interval_of_white_noise_stops_a_few_values_into_the_bulk():
+    # Each further noise value is compared with the largest of a smaller noise matrix, which
+    # the m-th largest undershoots by a growing margin: the top passes a few noise values,
+    # not the bulk (20 of them here).
+    widths = []
+    for seed in range(20):
+        estimator, _ = _fit(*_planted(seed, rank=0))
+        low, high = estimator.rank_interval_
+        assert low == estimator.rank_ == 0
+        widths.append(high - low)
+    assert max(widths) <= 8 and 1 <= np.mean(widths) <= 6
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**16), rank=st.integers(0, 3),
+       levels=st.tuples(st.sampled_from([1e-4, 1e-3, 1e-2]), st.sampled_from([1e-3, 1e-2, 0.05])))
+def test_rank_interval_top_grows_as_the_significance_falls(seed, rank, levels):
+    # Both ends are level-`significance` tests: a smaller level reads a smaller rank, and an
+    # interval whose top is no lower (a direction too weak for noise at one level is too
+    # weak at a larger one).
+    small, large = sorted(levels)
+    X, Y = _planted(seed, n=400, p=6, q=10, rank=rank, strength=1.5, limit=0.25)
+    tight, _ = _fit(X, Y, significance=small)
+    loose, _ = _fit(X, Y, significance=large)
+    assert tight.rank_interval_[0] <= loose.rank_interval_[0]
+    assert tight.rank_interval_[1] >= loose.rank_interval_[1]
 
 
 def test_sequences_are_grouped_by_sequence():
