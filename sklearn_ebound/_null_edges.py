@@ -439,9 +439,9 @@ class RotationLaw:
         return stats.pearson3(self.skew, loc=self.mean, scale=self.sd)
 
     def sf(self, x):
-        """``P(largest > x)``."""
+        """``P(largest >= x)``, the p-value of ``x`` (``P(largest > x)`` but at a point mass)."""
         if self.sd <= 0:
-            return float(x < self.mean)
+            return float(x <= self.mean)
         return float(self._law().sf(x))
 
     def quantile(self, level):
@@ -456,7 +456,7 @@ class RotationLaw:
 # multiply-adds (n_rows^2 n_total per draw) the law may cost before the caller falls back.
 ROTATION_DRAWS = 1000
 _ROTATION_CHUNK = 1 << 21
-ROTATION_BUDGET = 4e9
+ROTATION_BUDGET = 1e9
 
 
 def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS, seed=0):

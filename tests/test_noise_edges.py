@@ -196,8 +196,8 @@ def _noise_only(n, p, q, covariance, seed):
     return X, rng.standard_normal((n, q)) @ np.linalg.cholesky(covariance).T
 
 
-# With fewer residual degrees of freedom than targets the estimator says its level is
-# approximate (asserted in test_intrinsic_rank.py); this test measures that level.
+# With fewer residual degrees of freedom than targets the rotation test reads the rank alone
+# (its path is asserted in test_intrinsic_rank.py); this test measures its level.
 @pytest.mark.filterwarnings("ignore:The residuals are not white")
 @pytest.mark.parametrize("covariance", [
     ar1_covariance(60, 0.9),
@@ -337,6 +337,7 @@ def test_rotation_law_is_scale_equivariant_and_bounded_by_the_gram(eigenvalues, 
     if extra == 0:  # all the rows: the Gram's own largest eigenvalue, with no spread
         assert law.sd == 0 and law.mean == pytest.approx(d.max())
         assert law.sf(d.max() * 0.999) == 1.0 and law.sf(d.max() * 1.001) == 0.0
+    assert rotation_null_law(0 * d, n_rows, n_rows + extra).sf(0.0) == 1.0  # nothing to test
 
 
 @pytest.mark.parametrize("covariance", [
