@@ -451,9 +451,10 @@ class RotationLaw:
         return float(self._law().ppf(level))
 
 
-# Draws of the rotation test's conditional law (its edge at 99.9% is resolved to about 0.15
+# Draws of the rotation test's conditional law (its edge at 99.9% is resolved to about 0.1-0.2
 # of the law's standard deviation), the Gaussian values per chunk of draws, and the most
-# multiply-adds (n_rows^2 n_total per draw) the law may cost before the caller falls back.
+# multiply-adds one law may cost (n_rows^2 n_total per draw, times the draws) before the
+# caller falls back.
 ROTATION_DRAWS = 1000
 _ROTATION_CHUNK = 1 << 21
 ROTATION_BUDGET = 1e9
@@ -478,10 +479,12 @@ def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS
     The law is drawn ``n_draws`` times (from a fixed ``seed``: a function of its arguments)
     and returned as the Pearson type III law of the draws' mean, standard deviation and
     skewness (:class:`RotationLaw`). The skewness matters: over 40000 draws of the law at
-    ``n_rows, n_total`` from ``20, 24`` to ``60, 119`` (white, AR(1) 0.2-0.7, spiked and
-    factor covariances), the Pearson law's 99.9% quantile was exceeded by 0-0.1% of them,
-    that of a Tracy–Widom law of the same mean and standard deviation by up to 0.19% (at the
-    skewness 0.45-0.55 of AR(1) noise with few rows) and by only 0.02% at a spike's 0.
+    ``n_rows`` 20-60 and ``n_total`` 24-199 (white, AR(1) 0.2-0.7, spiked and factor
+    covariances), the Pearson law's 99.9% quantile was exceeded by 0-0.1% of them, that of a
+    Tracy–Widom law of the same mean and standard deviation by 0.15-0.19% at the skewness
+    0.42-0.55 of AR(1) noise and by only 0.02% at a spike's 0. At 2000 draws the quantile's
+    own Monte Carlo spread was 0.08-0.15 of the law's standard deviation (about 1.4 times that
+    at the default 1000).
     """
     d = np.sort(np.asarray(total_eigenvalues, dtype=np.float64))[::-1]
     d = d[d > 0][:n_total]
