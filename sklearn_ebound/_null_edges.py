@@ -33,6 +33,8 @@ __all__ = [
     "white_edge_law",
     "canonical_edge_law",
     "null_ratio_sf",
+    "RotationLaw",
+    "rotation_null_law",
     "null_edge_white",
     "null_edge_canonical",
     "null_edge_correlated",
@@ -423,6 +425,93 @@ def null_ratio_sf(numerator, denominator, ratio):
     x, density = x[positive], density[positive]
     density = density / trapezoid(density, x)
     return float(np.clip(trapezoid(law.sf(t * x) * density, x), 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class RotationLaw:
+    """A law given by its mean, standard deviation and skewness: Pearson's type III (a shifted
+    gamma law of that skewness, the normal law at skewness 0, a reflected gamma below 0), as
+    Chiani (2014) approximates TW1 itself. ``sd = 0`` is the point mass at ``mean``."""
+
+    mean: float
+    sd: float
+    skew: float = 0.0
+
+    def _law(self):
+        return stats.pearson3(self.skew, loc=self.mean, scale=self.sd)
+
+    def sf(self, x):
+        """``P(largest >= x)``, the p-value of ``x`` (``P(largest > x)`` but at a point mass)."""
+        if self.sd <= 0:
+            return float(x <= self.mean)
+        return float(self._law().sf(x))
+
+    def quantile(self, level):
+        """The ``level`` quantile."""
+        if self.sd <= 0:
+            return self.mean
+        return float(self._law().ppf(level))
+
+
+# Draws of the rotation test's conditional law (its edge at 99.9% is resolved to about 0.1-0.2
+# of the law's standard deviation), the Gaussian values per chunk of draws, and the most
+# multiply-adds one law may cost (n_rows^2 n_total per draw, times the draws) before the
+# caller falls back.
+ROTATION_DRAWS = 1000
+_ROTATION_CHUNK = 1 << 21
+ROTATION_BUDGET = 1e9
+
+
+def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS, seed=0):
+    """Law of the largest eigenvalue of ``W_1ᵀ W_1``, ``W_1`` the first ``n_rows`` rows of an
+    ``n_total x q`` Gaussian matrix ``W`` of i.i.d. rows ``N(0, Sigma)``, given ``WᵀW``, whose
+    non-zero eigenvalues are ``total_eigenvalues``: the null law of the rotation test
+    (Langsrud 2005).
+
+    The law of ``W`` is invariant under ``W -> H W`` for an orthogonal ``H``, which keeps
+    ``WᵀW``; so given ``WᵀW = V D Vᵀ`` (``D`` the eigenvalues ``d_j``), the rows ``W_1`` are
+    those of ``H W`` for a Haar ``H``, and the non-zero eigenvalues of ``W_1ᵀ W_1`` are those
+    of ``Qᵀ D Q``, ``Q`` the first ``len(d)`` rows of a uniformly random ``n_total x n_rows``
+    frame. This law is free of ``Sigma``: whatever the noise covariance (any shape, spikes,
+    ``q`` above ``n_total`` or not), a test of the fitted values' largest eigenvalue against
+    it, given the Gram of the targets, has exactly its level under no signal. With the frame
+    ``F (F Fᵀ)^{-1/2}``, ``F`` Gaussian, the eigenvalue is the largest root of
+    ``det(F D Fᵀ - lambda F Fᵀ) = 0``.
+
+    The law is drawn ``n_draws`` times (from a fixed ``seed``: a function of its arguments)
+    and returned as the Pearson type III law of the draws' mean, standard deviation and
+    skewness (:class:`RotationLaw`). The skewness matters: over 40000 draws of the law at
+    ``n_rows`` 20-60 and ``n_total`` 24-199 (white, AR(1) 0.2-0.7, spiked and factor
+    covariances), the Pearson law's 99.9% quantile was exceeded by 0-0.1% of them, that of a
+    Tracy–Widom law of the same mean and standard deviation by 0.15-0.19% at the skewness
+    0.42-0.55 of AR(1) noise and by only 0.02% at a spike's 0. At 2000 draws the quantile's
+    own Monte Carlo spread was 0.08-0.15 of the law's standard deviation (about 1.4 times that
+    at the default 1000).
+    """
+    d = np.sort(np.asarray(total_eigenvalues, dtype=np.float64))[::-1]
+    d = d[d > 0][:n_total]
+    if d.size == 0 or n_rows < 1:
+        return RotationLaw(0.0, 0.0)
+    if n_rows >= n_total:  # all the rows: the Gram itself
+        return RotationLaw(float(d[0]), 0.0)
+    scale = d[0]
+    d = d / scale
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _ROTATION_CHUNK // (n_rows * n_total))
+    tops = []
+    for start in range(0, n_draws, chunk):
+        F = rng.standard_normal((min(chunk, n_draws - start), n_rows, n_total))
+        gram = np.matmul(F, F.transpose(0, 2, 1))
+        part = F[:, :, : d.size]
+        inner = np.matmul(part * d, part.transpose(0, 2, 1))
+        # lambda(gram^{-1} inner) = lambda(L^{-1} inner L^{-T}), gram = L Lᵀ.
+        inverse = np.linalg.inv(np.linalg.cholesky(gram))
+        tops.append(np.linalg.eigvalsh(inverse @ inner @ inverse.transpose(0, 2, 1))[:, -1])
+    tops = np.concatenate(tops)
+    sd = float(tops.std(ddof=1))
+    if not sd > 0:
+        return RotationLaw(float(scale * tops.mean()), 0.0)
+    return RotationLaw(float(scale * tops.mean()), float(scale * sd), float(stats.skew(tops)))
 
 
 def edge_matched_noise_covariance(residual, dof, eigh=None):

@@ -34,6 +34,8 @@ from ._least_squares import (
 )
 from ._moments import Moments
 from ._null_edges import (
+    ROTATION_BUDGET,
+    ROTATION_DRAWS,
     LargestEigenvalueLaw,
     canonical_edge_law,
     edge_matched_noise_covariance,
@@ -46,6 +48,7 @@ from ._null_edges import (
     null_ratio_sf,
     optimal_hard_threshold,
     residuals_look_white,
+    rotation_null_law,
     tracy_widom_p_value,
     white_edge_law,
 )
@@ -311,6 +314,16 @@ def threshold_rule(moments, operator, significance):
       powerful when the signal lies where the noise is weak; it needs
       ``dof > n_targets``.
 
+    Where the canonical test cannot run (``dof <= n_targets``), the ratio test alone would
+    carry the spread of one residual eigenvalue in its edge (about 4% at ``dof = 99, q =
+    100``), a loss of power that no single-eigenvalue estimate of ``Sigma`` avoids without
+    losing the level. The fitted values are instead tested against their law given the
+    targets' Gram, the rotation test (Langsrud 2005, :func:`_rotation_edge`): under no
+    signal that law is free of ``Sigma``, so the first test has exactly its level whatever
+    the noise covariance, and no estimate of ``Sigma`` enters the edge. It is a Monte Carlo
+    law; beyond its budget of multiply-adds (``rank(X)^2 (n - 1)`` per draw) the ratio test
+    again, with a caveat that its level is approximate.
+
     The reading carries the p-value of each tested direction under the test whose spectrum
     it reports, the interval of ranks they cannot tell apart (:func:`rank_interval`) and the
     detection limit (:func:`detection_limit`).
@@ -335,16 +348,21 @@ def threshold_rule(moments, operator, significance):
         edge, p_value, floor, floor_level = _white_edge(operator, np.sqrt(noise_variance), k_x,
                                                         n_targets, level)
     else:
-        edge, p_value, floor, floor_level = _correlated_edge(operator, k_x, level)
+        # The canonical test needs more residual degrees of freedom than targets; where it
+        # cannot run, the rotation test alone, exact at its first step for any covariance.
+        whitened = _canonical_rank(moments, level)
+        rotation = whitened is None and _rotation_affordable(moments, k_x)
+        edge, p_value, floor, floor_level = (
+            _rotation_edge(moments, operator, k_x, level) if rotation
+            else _correlated_edge(operator, k_x, level))
     rank, cut = _sequential_count(s**2, edge)
     if not white:
-        whitened = _canonical_rank(moments, level)
-        if whitened is None:
+        if whitened is None and not rotation:
             caveat = ("The residuals are not white and fewer residual degrees of freedom than "
                       "targets remain (n_samples <= n_features + n_targets + 1): the noise "
                       "covariance is a shrinkage estimate and the test's level is approximate.")
             reading = replace(reading, caveats=(caveat,))
-        elif whitened[0] > rank:
+        elif whitened is not None and whitened[0] > rank:
             rank, rho, cut, rho_p_value = whitened
             p_values, interval = sequential_p_values(rho**2, rho_p_value, rank, significance)
             # Canonical correlations have no unit.
@@ -578,14 +596,11 @@ def _white_edge(operator, sigma, k_x, n_targets, level):
     return edge, p_value, floor, level
 
 
-def _correlated_edge(operator, k_x, level):
-    """Edge ``edge(k)`` of the squared singular values relative to the residuals', the
-    p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the floor of
-    :func:`sequential_p_values` and its level: the p-value under the fitted values' own law
-    for the noise covariance matched to the residuals, its spike detached (El Karoui's law
-    over every eigenvalue, conservative above, has a lower tail far too thin near a spike,
-    and would make a real direction look weaker than noise), and ``level``; with few
-    residual degrees of freedom, as in :func:`_white_edge`."""
+def _ratio_laws(operator, k_x):
+    """``step(k)``: the largest residual eigenvalue in the directions left after ``k``
+    accepted ones, and the laws of the fitted values' and the residuals' largest eigenvalues
+    there for the noise covariance matched to the residuals, with the fitted values' law
+    whose spike is detached (the floor of :func:`_correlated_edge`)."""
     dof = operator.residual_dof
     values, vectors = edge_matched_noise_covariance(operator.residual, dof,
                                                     operator.residual_covariance_eigh)
@@ -609,6 +624,20 @@ def _correlated_edge(operator, k_x, level):
             floor_law = largest_eigenvalue_law(shape, k_x - k)
             laws[k] = observed, fitted_law, residual_law, floor_law
         return laws[k]
+
+    return step
+
+
+def _correlated_edge(operator, k_x, level):
+    """Edge ``edge(k)`` of the squared singular values relative to the residuals', the
+    p-value ``p_value(k, value)`` of a squared singular value at step ``k``, and the floor of
+    :func:`sequential_p_values` and its level: the p-value under the fitted values' own law
+    for the noise covariance matched to the residuals, its spike detached (El Karoui's law
+    over every eigenvalue, conservative above, has a lower tail far too thin near a spike,
+    and would make a real direction look weaker than noise), and ``level``; with few
+    residual degrees of freedom, as in :func:`_white_edge`."""
+    dof = operator.residual_dof
+    step = _ratio_laws(operator, k_x)
 
     def edge(k):
         observed, fitted_law, residual_law, _ = step(k)
@@ -643,6 +672,65 @@ def _correlated_edge(operator, k_x, level):
         return float(floor_law.sf(value))
 
     return edge, p_value, floor, level
+
+
+def _rotation_affordable(moments, k_x):
+    """Whether the rotation test's Monte Carlo law fits its budget of multiply-adds."""
+    return k_x**2 * moments.dof * ROTATION_DRAWS <= ROTATION_BUDGET
+
+
+def _rotation_edge(moments, operator, k_x, level):
+    """Edge ``edge(k)``, p-value ``p_value(k, value)``, and floor of
+    :func:`sequential_p_values` and its level (see :func:`_white_edge`) of the rotation
+    test: the fitted values' largest eigenvalue against its law given the targets' Gram
+    (:func:`rotation_null_law`).
+
+    Under no signal the centred targets' Gram ``Cyy`` is that of ``n - 1`` i.i.d. rows
+    ``N(0, Sigma)`` (an orthonormal basis of the centred rows), of which the fitted values
+    take ``rank(X)``: given ``Cyy``, their largest eigenvalue has a law free of ``Sigma``,
+    so the first test has exactly its level for any noise covariance and any ``q``, and the
+    edge carries no estimate of ``Sigma`` at all. After ``k`` accepted directions the
+    same holds in the directions left (``Vᵀ Cyy V`` over the trailing ``q - k`` output
+    directions ``V``), with ``rank(X) - k`` of ``n - 1 - k`` rows, as the other sequential
+    tests take it. A direction not yet accepted also sits in ``Cyy``, and raises the law by
+    about ``rank(X) / (n - 1)`` of its energy: a little power lost, no level.
+    """
+    directions = operator.output_directions
+    n_total = moments.dof
+    laws = {}
+
+    def law(k):
+        if k not in laws:
+            rest = directions[:, k:]
+            total = np.linalg.eigvalsh(rest.T @ moments.yy @ rest)
+            laws[k] = rotation_null_law(total, k_x - k, n_total - k, seed=k)
+        return laws[k]
+
+    def edge(k):
+        if k_x - k < 1:
+            return None
+        return law(k).quantile(level)
+
+    def p_value(k, value, exact=False):
+        if k_x - k < 1:
+            return float(value <= 0)
+        return law(k).sf(value)
+
+    if operator.residual_dof >= _MIN_DIAGNOSTIC_DOF:
+        # The law is exact for any covariance: its own lower tail is the floor.
+        return edge, p_value, p_value, level
+    # Few residual degrees of freedom: as for the ratio test, the interval's top counts the
+    # directions above the centre of the fitted values' edge at the smallest noise scale
+    # the largest residual eigenvalue allows at the level (for the matched covariance).
+    step = _ratio_laws(operator, k_x)
+
+    def floor_level(k):
+        observed, fitted_law, residual_law, _ = step(k)
+        if observed <= 0 or residual_law.mean <= 0:
+            return level
+        return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
+
+    return edge, p_value, p_value, floor_level
 
 
 def _canonical_rank(moments, level):

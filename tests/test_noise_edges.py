@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._null_edges import (
@@ -15,6 +16,7 @@ from sklearn_ebound._null_edges import (
     null_edge_ratio,
     null_edge_white,
     residuals_look_white,
+    rotation_null_law,
     tracy_widom_quantile,
     tracy_widom_sf,
 )
@@ -194,8 +196,8 @@ def _noise_only(n, p, q, covariance, seed):
     return X, rng.standard_normal((n, q)) @ np.linalg.cholesky(covariance).T
 
 
-# With fewer residual degrees of freedom than targets the estimator says its level is
-# approximate (asserted in test_intrinsic_rank.py); this test measures that level.
+# With fewer residual degrees of freedom than targets the rotation test reads the rank alone
+# (its path is asserted in test_intrinsic_rank.py); this test measures its level.
 @pytest.mark.filterwarnings("ignore:The residuals are not white")
 @pytest.mark.parametrize("covariance", [
     ar1_covariance(60, 0.9),
@@ -318,3 +320,55 @@ def test_sphericity_keeps_white_noise_and_rejects_a_noise_spike():
         assert white == residuals_look_white(residual, 100)  # the eigenvalues only save work
         both += white
     assert john >= 0.12 * draws and both <= john / 2, (john, both)
+
+
+@settings(max_examples=20, deadline=None)
+@given(eigenvalues=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=30),
+       n_rows=st.integers(1, 12), extra=st.integers(0, 20), scale=st.floats(1e-3, 1e3))
+def test_rotation_law_is_scale_equivariant_and_bounded_by_the_gram(eigenvalues, n_rows,
+                                                                   extra, scale):
+    # The part of a Gram that n_rows rows carry lies between 0 and the whole Gram's top.
+    d = np.array(eigenvalues)
+    law = rotation_null_law(d, n_rows, n_rows + extra, n_draws=200)
+    scaled = rotation_null_law(scale * d, n_rows, n_rows + extra, n_draws=200)
+    assert scaled.mean == pytest.approx(scale * law.mean, rel=1e-9)
+    assert scaled.sd == pytest.approx(scale * law.sd, rel=1e-9, abs=1e-12 * scale * d.max())
+    assert 0 < law.mean <= d.max() * (1 + 1e-12)
+    if extra == 0:  # all the rows: the Gram's own largest eigenvalue, with no spread
+        assert law.sd == 0 and law.mean == pytest.approx(d.max())
+        assert law.sf(d.max() * 0.999) == 1.0 and law.sf(d.max() * 1.001) == 0.0
+    assert rotation_null_law(0 * d, n_rows, n_rows + extra).sf(0.0) == 1.0  # nothing to test
+
+
+@pytest.mark.parametrize("covariance", [
+    np.diag(np.r_[30.0, np.ones(39)]),  # one strong noise direction
+    ar1_covariance(40, 0.7),
+], ids=["spike", "ar1-0.7"])
+def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance):
+    # 6 of 30 Gaussian rows with a non-white covariance, q = 40 > 30: given the Gram of all
+    # the rows, the p-value of the 6 rows' largest eigenvalue is uniform whatever the
+    # covariance.
+    rng = np.random.default_rng(0)
+    root = np.linalg.cholesky(covariance).T
+    p_values = []
+    for seed in range(300):
+        W = rng.standard_normal((30, 40)) @ root
+        law = rotation_null_law(np.linalg.eigvalsh(W.T @ W), 6, 30, n_draws=400, seed=seed)
+        p_values.append(law.sf(np.linalg.norm(W[:6], 2) ** 2))
+    p_values = np.array(p_values)
+    for level in (0.1, 0.5):
+        assert abs(np.mean(p_values <= level) - level) < 3.5 * np.sqrt(level * (1 - level) / 300)
+
+
+def test_rotation_law_keeps_the_skewness_of_the_draws():
+    # A spike's eigenvalue is nearly normal, an AR(1) bulk's skewed like TW1 or more: the
+    # Pearson law follows the drawn skewness, so its quantile is that of the draws.
+    rng = np.random.default_rng(1)
+    for covariance in (np.diag(np.r_[30.0, np.ones(39)]), ar1_covariance(40, 0.7)):
+        W = rng.standard_normal((80, 40)) @ np.linalg.cholesky(covariance).T
+        d = np.linalg.eigvalsh(W.T @ W)
+        law = rotation_null_law(d, 10, 80, n_draws=4000)
+        fresh = rotation_null_law(d, 10, 80, n_draws=4000, seed=1)
+        assert fresh.quantile(0.99) == pytest.approx(law.quantile(0.99), abs=0.2 * law.sd)
+        assert law.quantile(0.99) != pytest.approx(
+            law.mean + law.sd * stats.norm.ppf(0.99), abs=0.01 * law.sd)

@@ -307,8 +307,8 @@ def test_few_residual_degrees_of_freedom_keep_the_level():
         rng = np.random.default_rng(seed)
         X, Y = rng.standard_normal((25, 20)), rng.standard_normal((25, 15))
         with warnings.catch_warnings():
-            # Where sphericity is rejected, the shrinkage caveat of dof < q (asserted in
-            # test_intrinsic_rank); only the level is measured here.
+            # Only the level is measured here, on both paths (the white one, and the
+            # rotation test where sphericity is rejected).
             warnings.simplefilter("ignore", RankEstimationWarning)
             estimator = IntrinsicRankEstimator().fit(X, Y)
         false_positives += estimator.rank_ > 0
