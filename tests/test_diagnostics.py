@@ -477,3 +477,36 @@ def test_groups_the_inputs_span_are_warned():
     # independent inputs with the same groups: no such warning
     estimator, caught = _fit(rng.standard_normal((320, 60)), E, groups=codes)
     assert not any("separate the" in str(w.message) for w in caught)
+
+
+def test_normal_multipliers_keep_the_clusters_energy_in_every_resample():
+    # Both ways of forming the resampled noise (all per-row products at once, or one resample
+    # at a time) rescale each resample's multipliers so that sum_g w_g^2 ||S_g||^2 is the
+    # clusters' total energy: the noise keeps its scale, only the clusters' shares vary.
+    from sklearn_ebound import _resampled_null as resampled
+    from sklearn_ebound._diagnostics import ResidualRows
+
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.standard_normal((300, 4)))[0]
+    residual = rng.standard_normal((300, 5))
+    clusters = np.repeat(np.arange(30), 10)
+    rows = ResidualRows(np.zeros((300, 1)), np.zeros((300, 1)), None, basis,
+                        np.einsum("ij,ij->i", basis, basis), residual)
+    energies = resampled._cluster_energies(
+        basis, resampled._cluster_corrected(residual, basis, clusters), clusters, 30)
+    norms = []
+    for limit in (resampled._MAX_VALUES, 0):  # the batched and the resample-at-a-time paths
+        old = resampled._MAX_VALUES
+        resampled._MAX_VALUES = limit
+        try:
+            null = resampled.ResampledNull(rows, clusters, np.random.default_rng(1),
+                                           n_resamples=50, gaussian=True)
+        finally:
+            resampled._MAX_VALUES = old
+        norms.append(np.linalg.norm(null.noise.reshape(50, -1), axis=1))
+    np.testing.assert_allclose(norms[0], norms[1], rtol=1e-10)
+    # with signs the energy is fixed up to the cross terms; the rescaled normal multipliers
+    # have that property too (w^2 averages to one over the clusters' energies)
+    w = rng.standard_normal((50, 30))
+    scaled = resampled._normalised(w, energies)
+    np.testing.assert_allclose(scaled**2 @ energies, energies.sum(), rtol=1e-12)
