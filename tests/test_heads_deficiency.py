@@ -551,6 +551,22 @@ def test_early_stopping_keeps_the_best_validation_iterate(word_tokenizer):
     data_q, data_k = wq[0] @ forms.A_Q[:, :r], wk[0] @ forms.A_K[:, :r]
     np.testing.assert_allclose(start[2], data_q, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(start[3], data_k, rtol=1e-5, atol=1e-6)
+    # the refinement's options: an explicit start equal to the form's and the part's own
+    # batches as reference give the default training bit for bit; other reference inputs
+    # (the validation texts' first 8 against the training texts) give another pair
+    default = train(5)
+    same = train_head(batches["fit"], batches["val"], wq[0], wk[0], wv[0], None, r, d_h, 5,
+                      start=(data_q, data_k), reference={"cal": batches["fit"]})
+    for a, b in zip(default[2:], same[2:], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert default[0] == same[0]
+    seqs, _ = capture_inputs(model, [layers[0]], TEXTS[:8], tokenizer, rotary=False,
+                             max_length=64, batch_size=8, stop_early=True)
+    shifted = HeadBatches([x + 0.3 for x in seqs[0]], None, False, torch.float64)
+    moved = train_head(batches["fit"], None, wq[0], wk[0], wv[0], forms, r, d_h, 5,
+                       reference={"cal": shifted})
+    assert np.isnan(moved[0]) and moved[1] is None
+    assert not np.allclose(moved[2], default[2])
 
 
 def test_regularised_training_options(word_tokenizer, bert_result):
