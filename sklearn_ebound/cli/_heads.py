@@ -79,10 +79,7 @@ def add_heads_parser(commands):
                           help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
                                "step (default: %(default)s)")
     compress.add_argument("--refine", choices=("none", "sequential"), default="none",
-                          help="sequential: re-fit the compressed pairs layer by layer on the "
-                               "compressed model's own inputs to each layer (calibration "
-                               "half; --train-steps L-BFGS iterations, 15 if 0) "
-                               "(default: %(default)s)")
+                          help="sequential: refit pairs layer by layer (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5,
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
