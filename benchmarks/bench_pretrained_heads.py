@@ -18,6 +18,10 @@ evaluation), then:
   itself, what rank-``r`` query-key pairs can do on that text at all;
 * the budget-fidelity frontier of four strategies, and the smallest budget whose mean
   cosine stays >= 0.99;
+* with ``--refine sequential``, the trained plans refined layer by layer on the compressed
+  model's own inputs (:func:`refine_compressed`, on the calibration text), beside the
+  unrefined ones at 40% and on the frontier, with the refinement's time and the worst
+  held-out sentences;
 * the options of the data-aware forms and of the training (``--shrinkage``,
   ``--train-validation``, ``--train-penalty``, ``--train-weighting``, ``--train-steps``) go
   to every call, so one run measures one setting end to end;
@@ -63,6 +67,9 @@ def main(argv=None):
                         help="training loss over tokens or every text alike")
     parser.add_argument("--value-known", action="store_true",
                         help="also run the value-known data-only estimate (slow at d = 384)")
+    parser.add_argument("--refine", choices=("none", "sequential"), default="none",
+                        help="also refine the trained plans layer by layer on the compressed "
+                             "model's own inputs (calibration text)")
     parser.add_argument("--oracle", action="store_true",
                         help="also train the planned ranks on the held-out text itself (a bound)")
     args = parser.parse_args(argv)
@@ -85,6 +92,7 @@ def main(argv=None):
         load_pretrained,
         plan_ranks,
         predictor_agreement,
+        refine_compressed,
     )
 
     hf_logging.set_verbosity_error()
@@ -185,15 +193,33 @@ def main(argv=None):
           f"{72 * tuned.train_seconds / tuned.n_trained:.0f} s for one plan of 72 heads)")
     plan = plans[0.4]
     evaluation = [texts[i] for i in result.evaluation_index]
-    for method in ("data", "trained"):
-        compressed = compress_heads(model, tuned, plan, method=method)
+    calibration_texts = [texts[i] for i in tuned.calibration_index]
+    refined, refine_seconds, fidelities = {}, {}, {}
+    if args.refine == "sequential":  # every trained plan, refined on the calibration text
+        for budget, p in plans.items():
+            start = time.perf_counter()
+            refined[budget] = refine_compressed(
+                model, compress_heads(model, tuned, p, method="trained"), p,
+                calibration_texts, tokenizer=tokenizer, train_steps=args.train_steps,
+                train_weighting=args.train_weighting)
+            refine_seconds[budget] = time.perf_counter() - start
+        print(f"Sequential refinement of the trained plans at {TRAINED_BUDGETS} on "
+              f"{len(calibration_texts)} calibration sentences: " + ", ".join(
+                  f"{b:.0%} {t:.1f} s" for b, t in refine_seconds.items()), flush=True)
+    for method in ("data", "trained") + (("refined",) if refined else ()):
+        compressed = (refined[0.4] if method == "refined"
+                      else compress_heads(model, tuned, plan, method=method))
         fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
                     for name, part in (("held_out", held_out), ("evaluation", evaluation))}
+        fidelities[method] = fidelity
         print(f"Plan at 40% budget (used {plan.budget_used:.3f}), {method} pairs: held-out "
               f"cosine mean {fidelity['held_out'].mean_cosine:.4f}, min "
               f"{fidelity['held_out'].min_cosine:.4f}; evaluation-half cosine mean "
               f"{fidelity['evaluation'].mean_cosine:.4f}, min "
               f"{fidelity['evaluation'].min_cosine:.4f}", flush=True)
+        cosines = fidelity["held_out"].column("cosine")
+        print("  worst held-out sentences: " + "; ".join(
+            f"{cosines[i]:.4f} {held_out[i][:70]!r}" for i in np.argsort(cosines)[:3]))
     from sklearn_ebound._results import ResultTable
 
     rows = []
@@ -234,10 +260,16 @@ def main(argv=None):
         trained_plan.append({"strategy": "plan, trained", "budget": budget,
                              "budget_used": p.budget_used, "mean_cosine": cos.mean_cosine,
                              "min_cosine": cos.min_cosine})
+    for budget, m in refined.items():
+        cos = embedding_fidelity(model, m, held_out, tokenizer)
+        trained_plan.append({"strategy": "plan, refined", "budget": budget,
+                             "budget_used": plans[budget].budget_used,
+                             "mean_cosine": cos.mean_cosine, "min_cosine": cos.min_cosine})
     frontier = ResultTable(frontier.rows + trained_plan, **frontier.meta)
     print(f"\nBudget-fidelity frontier on held-out text ({time.perf_counter() - start:.1f} s):")
     print(frontier.format())
-    for strategy in ("uniform", "weight", "data", "plan", "plan, trained"):
+    for strategy in ("uniform", "weight", "data", "plan", "plan, trained") + (
+            ("plan, refined",) if refined else ()):
         ok = [r["budget_used"] for r in frontier.rows
               if r["strategy"] == strategy and r["mean_cosine"] >= 0.99]
         print(f"smallest budget with mean cosine >= 0.99, {strategy}: "
@@ -247,10 +279,13 @@ def main(argv=None):
                    "predictors": predictors.to_dict(), "frontier": frontier.to_dict(),
                    "plan": plan.to_dict(), "deficiency": result.to_dict(),
                    "trained": trained.to_dict(),
-                   "fidelity": {k: v.meta for k, v in fidelity.items()},
+                   "fidelity": {k: v.meta for k, v in fidelities["trained"].items()},
                    "tuned": tuned.to_dict(), "allocations": comparison.to_dict(),
                    "oracle": None if oracle is None else oracle.to_dict(),
-                   "forward_seconds": forward}
+                   "forward_seconds": forward,
+                   "refine_seconds": {str(b): t for b, t in refine_seconds.items()},
+                   "refined_fidelity": ({k: v.meta for k, v in fidelities["refined"].items()}
+                                        if refined else None)}
         with open(args.out, "w") as f:
             json.dump(payload, f, default=float)
     return result, frontier

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sklearn_ebound.exceptions import RankEstimationWarning
 from sklearn_ebound.heads import (
     CALIBRATION_MODULES,
     HELD_OUT_MODULES,
@@ -27,6 +28,7 @@ from sklearn_ebound.heads import (
     perplexity,
     plan_ranks,
     predictor_agreement,
+    refine_compressed,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -483,7 +485,7 @@ def test_calibration_and_held_out_modules_are_disjoint():
     assert all(6 <= len(s.split()) <= 40 for s in wide)
 
 
-@pytest.mark.parametrize("module", ["_deficiency", "_text"])
+@pytest.mark.parametrize("module", ["_deficiency", "_compression", "_text"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -509,7 +511,7 @@ def test_shrinkage_moves_the_data_aware_form_to_the_weights(word_tokenizer, bert
 
 
 def test_early_stopping_keeps_the_best_validation_iterate(word_tokenizer):
-    from sklearn_ebound.heads._deficiency import _train_head
+    from sklearn_ebound.heads._deficiency import train_head
     from sklearn_ebound.heads._head_forms import (
         HeadBatches,
         HeadForms,
@@ -532,7 +534,7 @@ def test_early_stopping_keeps_the_best_validation_iterate(word_tokenizer):
     d_h, r = wq.shape[2], 2
 
     def train(steps, **kw):  # returns the error on the validation texts first
-        return _train_head(batches["fit"], batches["val"], wq[0], wk[0], wv[0], forms, r, d_h,
+        return train_head(batches["fit"], batches["val"], wq[0], wk[0], wv[0], forms, r, d_h,
                            steps, **kw)
 
     # Early stopping keeps the best validation iterate of the same L-BFGS path, so more
@@ -549,6 +551,22 @@ def test_early_stopping_keeps_the_best_validation_iterate(word_tokenizer):
     data_q, data_k = wq[0] @ forms.A_Q[:, :r], wk[0] @ forms.A_K[:, :r]
     np.testing.assert_allclose(start[2], data_q, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(start[3], data_k, rtol=1e-5, atol=1e-6)
+    # the refinement's options: an explicit start equal to the form's and the part's own
+    # batches as reference give the default training bit for bit; other reference inputs
+    # (the validation texts' first 8 against the training texts) give another pair
+    default = train(5)
+    same = train_head(batches["fit"], batches["val"], wq[0], wk[0], wv[0], None, r, d_h, 5,
+                      start=(data_q, data_k), reference={"cal": batches["fit"]})
+    for a, b in zip(default[2:], same[2:], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert default[0] == same[0]
+    seqs, _ = capture_inputs(model, [layers[0]], TEXTS[:8], tokenizer, rotary=False,
+                             max_length=64, batch_size=8, stop_early=True)
+    shifted = HeadBatches([x + 0.3 for x in seqs[0]], None, False, torch.float64)
+    moved = train_head(batches["fit"], None, wq[0], wk[0], wv[0], forms, r, d_h, 5,
+                       reference={"cal": shifted})
+    assert np.isnan(moved[0]) and moved[1] is None
+    assert not np.allclose(moved[2], default[2])
 
 
 def test_regularised_training_options(word_tokenizer, bert_result):
@@ -575,3 +593,92 @@ def test_regularised_training_options(word_tokenizer, bert_result):
                        ({"train_penalty": -1.0}, "`train_penalty` must be a non-negative")):
         with pytest.raises(ValueError, match=match):
             head_deficiency(model, TEXTS, tokenizer=tokenizer, **bad)
+
+
+def _hidden_error(model, other, texts, tokenizer):
+    """Relative squared error of ``other``'s last hidden states to ``model``'s on ``texts``."""
+    batch = tokenizer(texts)
+    mask = batch["attention_mask"][..., None].double()
+    with torch.no_grad():
+        model.eval()
+        other.eval()
+        a, b = model(**batch)[0].double(), other(**batch)[0].double()
+    return float((((b - a) * mask) ** 2).sum() / ((a * mask) ** 2).sum())
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_sequential_refinement_brings_the_calibration_outputs_closer(word_tokenizer, kind):
+    # The pairs re-fitted layer by layer on the compressed model's own inputs reproduce the
+    # original better on the calibration text than the pairs fitted on the original inputs,
+    # and only query and key weights move: value thirds of GPT-2's c_attn, output
+    # projections, MLPs, norms, embeddings stay the original's bit for bit.
+    model = tiny(kind)
+    tokenizer = word_tokenizer(60)
+    texts = docstring_sentences(["json", "textwrap", "argparse"])[:60]
+    result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("data",))
+    calibration = [texts[i] for i in result.calibration_index]
+    plan = plan_ranks(result, budget=0.4, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
+    before = {k: v.clone() for k, v in compressed.state_dict().items()}
+    done = []
+    refined = refine_compressed(model, compressed, plan, calibration, tokenizer=tokenizer,
+                                train_steps=10, progress=lambda i, n: done.append((i, n)))
+    planned = sum(1 for r in plan.column("rank") if 0 < r < result.head_dim)
+    assert done[-1] == (planned, planned)
+    assert (_hidden_error(model, refined, calibration, tokenizer)
+            < _hidden_error(model, compressed, calibration, tokenizer))
+    # the input is not modified
+    assert all(torch.equal(before[k], v) for k, v in compressed.state_dict().items())
+    original, new = model.state_dict(), refined.state_dict()
+    changed = {k for k in original if not torch.equal(original[k], new[k])}
+    moved = {k for k in original if not torch.equal(before[k], new[k])}
+    if kind == "bert":
+        allowed = ("query.weight", "query.bias", "key.weight", "key.bias")
+    else:
+        allowed = ("c_attn.weight", "c_attn.bias")
+        d = model.config.n_embd
+        for k in changed:  # the value third of c_attn is the original's
+            assert torch.equal(original[k][..., 2 * d:], new[k][..., 2 * d:])
+    assert moved and changed and all(k.endswith(allowed) for k in changed)
+    # the refined pairs keep the planned ranks: columns beyond them stay zero
+    from sklearn_ebound.heads._head_forms import augmented_weights, layers_of
+
+    _, layers, _ = layers_of(refined)
+    for row in plan.rows:
+        wq, wk, _ = augmented_weights(layers[row["layer"]])
+        assert np.all(wq[row["head"]][:, row["rank"]:] == 0)
+        assert np.all(wk[row["head"]][:, row["rank"]:] == 0)
+
+
+def test_refinement_skips_rotary_heads_and_checks_its_input(word_tokenizer, bert_result):
+    model, result = bert_result
+    tokenizer = word_tokenizer(60)
+    plan = plan_ranks(result, budget=0.5, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
+    for bad, error, match in (
+            ({"train_steps": 0}, ValueError, "`train_steps` must be a positive integer"),
+            ({"max_length": 1.5}, ValueError, "`max_length` must be a positive integer"),
+            ({"train_weighting": "heads"}, ValueError, "`train_weighting` must be 'tokens'"),
+            ({"progress": 3}, TypeError, "`progress` must be callable"),
+            ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
+            ({"plan": {(0, 0): 99}}, ValueError, "`plan`: rank 99 of head 0.0"),
+            ({"plan": {0: 2}}, ValueError, "`plan` keys must be"),
+            ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),
+            ({"texts": "one text"}, TypeError, "`texts` must be a list of strings"),
+            ({"compressed": {}}, TypeError, "`compressed` must be a Hugging Face model"),
+            ({"compressed": tiny("gpt2")}, ValueError, "`compressed` does not have the")):
+        args = dict(compressed=compressed, plan=plan, texts=TEXTS) | bad
+        with pytest.raises(error, match=match):
+            refine_compressed(model, args.pop("compressed"), args.pop("plan"),
+                              args.pop("texts"), tokenizer=tokenizer, **args)
+    # a plan the model was not compressed with: the head has columns beyond the rank
+    with pytest.raises(ValueError, match="columns beyond its planned rank 1"):
+        refine_compressed(model, model, {(0, 0): 1}, TEXTS, tokenizer=tokenizer)
+    llama = tiny("llama")
+    rotary = head_deficiency(llama, TEXTS, tokenizer=tokenizer, methods=("data",))
+    rotary_plan = plan_ranks(rotary, budget=0.5, method="data")
+    small = compress_heads(llama, rotary, rotary_plan, method="data")
+    with pytest.warns(RankEstimationWarning, match="Rotary heads are not refined"):
+        same = refine_compressed(llama, small, rotary_plan, TEXTS, tokenizer=tokenizer)
+    assert same is not small
+    assert all(torch.equal(v, same.state_dict()[k]) for k, v in small.state_dict().items())

@@ -9,6 +9,8 @@ the deficiency curve of every head on the text (half calibration, half evaluatio
 the per-head eps-ranks and the planned ranks, writes the curves, the plan and their plots
 under ``--out`` and the compressed model (a Hugging Face directory) to ``OUT_DIR``, and
 reports its embedding cosine (or perplexity) to the original on the evaluation half.
+``--refine sequential`` re-fits the compressed pairs layer by layer on the compressed model's
+own inputs (the calibration half) before saving.
 """
 
 import argparse
@@ -76,6 +78,8 @@ def add_heads_parser(commands):
     compress.add_argument("--train-steps", type=int, default=0, metavar="N",
                           help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
                                "step (default: %(default)s)")
+    compress.add_argument("--refine", choices=("none", "sequential"), default="none",
+                          help="sequential: refit pairs layer by layer (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5,
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
@@ -226,6 +230,7 @@ def _compress(args, model_dir, texts, out, focus):
         load_pretrained,
         perplexity,
         plan_ranks,
+        refine_compressed,
     )
 
     with _quiet_transformers():
@@ -248,6 +253,12 @@ def _compress(args, model_dir, texts, out, focus):
                                  progress=Progress("training heads"), **common)
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
+    if args.refine == "sequential":
+        calibration = [texts[i] for i in result.calibration_index]
+        compressed = refine_compressed(model, compressed, plan, calibration,
+                                       tokenizer=tokenizer, train_steps=args.train_steps or 15,
+                                       max_length=args.max_length,
+                                       progress=Progress("refining heads"))
     target = Path(args.compress)
     target.mkdir(parents=True, exist_ok=True)
     compressed.save_pretrained(target)
@@ -297,6 +308,7 @@ def _compress(args, model_dir, texts, out, focus):
         result.summary().format(),
         f"Plan (greedy on the data-aware curves, {goal}"
         + (", the planned ranks trained" if args.train_steps else "")
+        + (", refined layer by layer" if args.refine == "sequential" else "")
         + f"): {plan.budget_used:.1%} of the full query-key rank "
         f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
     ]

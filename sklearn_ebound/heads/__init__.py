@@ -6,7 +6,8 @@ or of a plain state dict, and, given text, the logit field the head produces on 
 :func:`head_deficiency` measures how much query-key rank each head needs on its own output
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
 :func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
-needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model,
+needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model
+(:func:`refine_compressed` re-fits its pairs layer by layer on its own inputs),
 :func:`compression_frontier`, :func:`embedding_fidelity` and :func:`perplexity` measure it end
 to end. Running models needs the optional ``heads`` extra (``transformers``,
 ``safetensors``); state dicts of numpy arrays need nothing more than numpy.
@@ -20,6 +21,7 @@ from ._compression import (
     compression_frontier,
     embedding_fidelity,
     perplexity,
+    refine_compressed,
 )
 from ._deficiency import HeadDeficiencyResult, head_deficiency
 from ._inputs import load_pretrained
@@ -44,6 +46,7 @@ __all__ = [
     "predictor_agreement",
     "plan_ranks",
     "compress_heads",
+    "refine_compressed",
     "compression_frontier",
     "embedding_fidelity",
     "perplexity",

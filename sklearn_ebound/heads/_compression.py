@@ -1,20 +1,35 @@
 """The compressed model, and what it keeps of the original's behaviour.
 
 :func:`compress_heads` writes a plan's rank-``r`` query-key pairs into a copy of the model
-(every other weight bit-identical); :func:`embedding_fidelity`, :func:`perplexity` and
-:func:`compression_frontier` measure it against the original on held-out text.
+(every other weight bit-identical); :func:`refine_compressed` re-fits those pairs layer by
+layer on the inputs the compressed model itself gives them; :func:`embedding_fidelity`,
+:func:`perplexity` and :func:`compression_frontier` measure it against the original on
+held-out text.
 """
 
 import copy
+import warnings
+from numbers import Integral
 
 import numpy as np
 
 from .._results import ResultTable
-from ._head_forms import METHODS, check_texts, layers_of
-from ._inputs import require, token_batches
+from ..exceptions import RankEstimationWarning
+from ._deficiency import train_head
+from ._head_forms import (
+    METHODS,
+    HeadBatches,
+    augmented_weights,
+    check_texts,
+    is_causal,
+    layers_of,
+    model_source,
+)
+from ._inputs import capture_inputs, require, token_batches
 from ._planning import plan_curves, plan_ranks
 
-__all__ = ["compress_heads", "embedding_fidelity", "perplexity", "compression_frontier"]
+__all__ = ["compress_heads", "refine_compressed", "embedding_fidelity", "perplexity",
+           "compression_frontier"]
 
 
 def _projection_names(naming, attention_module):
@@ -96,6 +111,174 @@ def compress_heads(model, result, plan, *, method="trained"):
         new_q, new_k = result.factors(li, head, int(rank), method)
         _write_head(compressed, naming, layer, head, int(layer.kv_index[head]), new_q, new_k)
     return compressed
+
+
+def _plan_ranks_of(plan, name="plan"):
+    if isinstance(plan, ResultTable):
+        return {(row["layer"], row["head"]): row["rank"] for row in plan.rows}
+    try:
+        return dict(plan)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"`{name}` must be a plan_ranks table or a mapping {{(layer, head): "
+                        f"rank}}. Got {type(plan).__name__} instead.") from exc
+
+
+def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_steps=15,
+                      train_weighting="tokens", max_length=64, batch_size=32, progress=None):
+    """Re-fit a compressed model's query-key pairs layer by layer, on its own inputs.
+
+    :func:`compress_heads` writes pairs fitted on the *original* model's inputs to each layer;
+    in the compressed model, layer ``l`` sees inputs already changed by the compressed layers
+    below it, for which no pair was fitted, and the errors compound through the layers. This
+    is the sequential fix of post-training compression: for each layer in turn, the inputs of
+    layer ``l`` are captured from the model refined so far (the layers below already
+    replaced), and each planned head's rank-``r`` pair, started from the compressed model's,
+    is trained (L-BFGS, as the trained pairs of :func:`head_deficiency`) so that the head's
+    output on those inputs reproduces the *original* head's output on the original inputs;
+    its value map, the output projection and every other weight stay fixed. Then the layer's
+    pairs are written in and the next layer is refined. Memory holds one layer's
+    activations (of both models).
+
+    Parameters
+    ----------
+    model : transformers model or path
+        The original model (or the directory of a saved one).
+    compressed : transformers model
+        Its compressed copy (:func:`compress_heads` with ``plan``); it is not modified.
+    plan : ResultTable or mapping
+        The plan ``compressed`` was made with: a :func:`plan_ranks` table or ``{(layer,
+        head): rank}``. Each head at rank ``1 <= r < d_h`` is refined; its query and key
+        columns beyond ``r`` must be zero in ``compressed``.
+    texts : list of str
+        Calibration text. Never the text the refined model is evaluated on.
+    tokenizer : transformers tokenizer, default=None
+        Needed unless ``model`` is a directory holding one.
+    train_steps : int, default=15
+        L-BFGS iterations per pair. The pair is kept as it was if training does not lower its
+        error.
+    train_weighting : {"tokens", "texts"}, default="tokens"
+        The loss: the output error summed over tokens, or every text's relative error alike
+        (as in :func:`head_deficiency`).
+    max_length : int, default=64
+        Tokens per text at most.
+    batch_size : int, default=32
+        Texts per forward pass of the models.
+    progress : callable, default=None
+        Called as ``progress(done, total)`` after each refined head.
+
+    Returns
+    -------
+    refined : transformers model
+        A copy of ``compressed`` in which only the refined heads' query and key projection
+        weights (and biases) differ. Rotary models are returned unrefined, with a
+        :class:`~sklearn_ebound.exceptions.RankEstimationWarning` (their rank-``r`` forms
+        keep whole rotation planes and are not trained).
+
+    Examples
+    --------
+    >>> import transformers, torch
+    >>> from sklearn_ebound.heads import (compress_heads, docstring_sentences,
+    ...                                   head_deficiency, plan_ranks, refine_compressed)
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <...>
+    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+    ...                                  num_attention_heads=2, intermediate_size=16)
+    >>> model = transformers.BertModel(config)
+    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
+    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
+    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
+    >>> tokenize.pad_token = "[PAD]"
+    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:8]
+    >>> result = head_deficiency(model, texts, tokenizer=tokenize, methods=("data",))
+    >>> plan = plan_ranks(result, budget=0.5, method="data")
+    >>> compressed = compress_heads(model, result, plan, method="data")
+    >>> refined = refine_compressed(model, compressed, plan, texts, tokenizer=tokenize,
+    ...                             train_steps=3)
+    >>> type(refined).__name__
+    'BertModel'
+    """
+    model, tokenizer = model_source(model, tokenizer)
+    if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
+        raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
+                        f"Got {type(compressed).__name__} instead.")
+    texts = check_texts(texts, "texts")
+    for name, value in (("train_steps", train_steps), ("max_length", max_length),
+                        ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Got {value!r}.")
+    if train_weighting not in ("tokens", "texts"):
+        raise ValueError(f"`train_weighting` must be 'tokens' or 'texts'. Got "
+                         f"{train_weighting!r}.")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
+    ranks = _plan_ranks_of(plan)
+    naming, layers, _ = layers_of(model)
+    naming_c, c_layers, _ = layers_of(compressed)
+    if naming_c != naming or len(c_layers) != len(layers) or any(
+            a.w_q.shape != b.w_q.shape for a, b in zip(layers, c_layers, strict=True)):
+        raise ValueError("`compressed` does not have the attention layers of `model` (is it "
+                         "the compress_heads copy of this model?).")
+    by_index = {layer.index: (layer, c_layer) for layer, c_layer in
+                zip(layers, c_layers, strict=True)}
+    d_h, n_heads = layers[0].head_dim, layers[0].n_heads
+    todo = {}
+    for key, rank in ranks.items():
+        try:
+            layer_index, head = (int(k) for k in key)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"`plan` keys must be (layer, head) pairs. Got {key!r}.") from exc
+        if layer_index not in by_index or not 0 <= head < n_heads:
+            raise ValueError(f"`plan` names head {layer_index}.{head}, which the model does "
+                             f"not have (layers {sorted(by_index)}, heads 0..{n_heads - 1}).")
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not (
+                0 <= rank <= d_h):
+            raise ValueError(f"`plan`: rank {rank!r} of head {layer_index}.{head} is not an "
+                             f"integer in [0, {d_h}].")
+        if 1 <= rank < d_h:
+            todo.setdefault(layer_index, []).append((head, int(rank)))
+    refined = copy.deepcopy(compressed)
+    if naming == "llama":
+        warnings.warn("Rotary heads are not refined (their rank-r forms keep whole rotation "
+                      "planes and are not trained): the compressed model is returned as it "
+                      "is.", RankEstimationWarning, stacklevel=2)
+        return refined
+    torch = require("torch")
+    causal = is_causal(model, naming)
+    for layer_index in sorted(todo):
+        layer, c_layer = by_index[layer_index]
+        cq, ck, _ = augmented_weights(c_layer)
+        for head, rank in todo[layer_index]:
+            g = int(c_layer.kv_index[head])
+            if np.any(cq[head][:, rank:] != 0) or np.any(ck[g][:, rank:] != 0):
+                raise ValueError(f"Head {layer_index}.{head} of `compressed` has query or key "
+                                 f"columns beyond its planned rank {rank}: is `plan` the plan "
+                                 "it was compressed with?")
+    total, done = sum(len(v) for v in todo.values()), 0
+    for layer_index in sorted(todo):
+        layer, c_layer = by_index[layer_index]
+        batches = []
+        for source in (model, refined):  # the original's inputs, then the refined model's
+            seqs, _ = capture_inputs(source, [layer], texts, tokenizer, rotary=False,
+                                     max_length=max_length, batch_size=batch_size,
+                                     stop_early=True)
+            batches.append(HeadBatches(seqs[0], None, causal, torch.float64))
+        reference, inputs = batches
+        wq, wk, wv = augmented_weights(layer)
+        cq, ck, _ = augmented_weights(c_layer)
+        for head, rank in todo[layer_index]:
+            g = int(layer.kv_index[head])
+            _, _, new_q, new_k = train_head(
+                inputs, None, wq[head], wk[g], wv[g], None, rank, d_h, train_steps,
+                start=(cq[head][:, :rank], ck[g][:, :rank]), reference={"cal": reference},
+                weighting=train_weighting)
+            out_q, out_k = np.zeros_like(wq[head]), np.zeros_like(wk[g])
+            out_q[:, :rank], out_k[:, :rank] = new_q, new_k
+            _write_head(refined, naming, layer, head, g, out_q, out_k)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        del batches, reference, inputs
+    return refined
 
 
 def _embeddings(model, texts, tokenizer, max_length, batch_size):

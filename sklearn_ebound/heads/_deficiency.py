@@ -109,9 +109,9 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
     return num / max(den, np.finfo(float).tiny), den, stream, per_seq
 
 
-def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
-                penalty=0.0, roots=None, weighting="tokens"):
-    """Train a rank-``r`` pair from the data-aware one.
+def train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
+                penalty=0.0, roots=None, weighting="tokens", start=None, reference=None):
+    """Train a rank-``r`` pair from the data-aware one (or from ``start``).
 
     The pair lives in a :class:`~sklearn_ebound.nn.LowRankAttention` on the augmented tokens
     (its value map fixed to the head's, its logit scale making the scores ``q k^T /
@@ -124,22 +124,33 @@ def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
     head's logits in the directions the output error alone leaves free. ``weighting="texts"``
     averages each text's relative error instead of summing the tokens' errors.
 
+    ``start = (W~_Q', W~_K')`` (each ``(d + 1) x r``) starts the training from that pair
+    instead of the form's (``forms`` is then unused). ``reference`` maps a part's name
+    (``"cal"``, ``"eval"``, ``"val"``) to batches of the same sequences in the same order
+    on which the *full* head's output is the target (by default the part's own batches):
+    the pair then learns to reproduce, on the part's inputs, what the full head does on
+    the reference inputs (the sequential refinement of :func:`refine_compressed`). ``ev``
+    may be ``None`` (the eval error is then NaN).
+
     Returns ``(eval error, per-sequence residual-stream error on eval, W~_Q', W~_K')`` (the
     second as in :func:`_head_curve`, NaN without ``wo``).
     """
     torch = require("torch")
     from ..nn import LowRankAttention
 
-    parts = {"cal": cal, "eval": ev}
+    parts = {"cal": cal} if ev is None else {"cal": cal, "eval": ev}
     if val is not None:
         parts["val"] = val
+    reference = {} if reference is None else reference
     d1 = wq.shape[0]
     module = LowRankAttention(d1, rank=r, attention="softmax", value=wv.T,
                               logit_scale=math.sqrt(d1) / math.sqrt(d_h)).double()
-    cols = forms.columns(r)
+    if start is None:
+        cols = forms.columns(r)
+        start = wq @ forms.A_Q[:, cols], wk @ forms.A_K[:, cols]
     with torch.no_grad():
-        module.W_Q.copy_(torch.as_tensor(wq @ forms.A_Q[:, cols]))
-        module.W_K.copy_(torch.as_tensor(wk @ forms.A_K[:, cols]))
+        module.W_Q.copy_(torch.as_tensor(start[0]))
+        module.W_K.copy_(torch.as_tensor(start[1]))
     wq_t, wk_t = torch.as_tensor(wq), torch.as_tensor(wk)
     scale = module.logit_scale / math.sqrt(module.n_features)
 
@@ -150,9 +161,10 @@ def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
 
     targets, den = {}, {}
     for name, batches in parts.items():
+        source = reference.get(name, batches)
         with torch.no_grad():
             targets[name] = [attend(g["X"] @ wq_t, g["X"] @ wk_t, module.value_map(g["X"]),
-                                     g["mask"], d_h) for g in batches.groups]
+                                     g["mask"], d_h) for g in source.groups]
         den[name] = sum(float(torch.sum((t * g["valid"][..., None]) ** 2))
                         for t, g in zip(targets[name], batches.groups, strict=True))
 
@@ -212,6 +224,9 @@ def _train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
     with torch.no_grad():
         module.W_Q.copy_(best_pair[0])
         module.W_K.copy_(best_pair[1])
+        if ev is None:
+            return (np.nan, None, module.W_Q.detach().numpy().copy(),
+                    module.W_K.detach().numpy().copy())
         error = float(loss_of("eval"))
         per_seq = np.full(ev.n_sequences, np.nan)
         if wo is not None:
@@ -582,16 +597,16 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
                 for r in [] if train_at is None else train_at.get((layer.index, h), []):
                     if 1 <= r < d_h:
                         (trained[r], stream_err["trained"][li, hi, r], tq,
-                         tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                           forms, r, d_h, train_steps, head_o, **fit)
+                         tk) = train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
+                                          forms, r, d_h, train_steps, head_o, **fit)
                         trained_all[(li, h, r)] = (tq, tk)
                 for eps in [] if train_at is not None else epsilons:
                     r = eps_rank(curves["data"], eps) - 1
                     while r >= 1:
                         if np.isnan(trained[r]):
                             (trained[r], stream_err["trained"][li, hi, r], tq,
-                             tk) = _train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                               forms, r, d_h, train_steps, head_o, **fit)
+                             tk) = train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
+                                              forms, r, d_h, train_steps, head_o, **fit)
                             trained_all[(li, h, r)] = (tq, tk)
                         if trained[r] > eps:
                             break
