@@ -652,16 +652,7 @@ def _correlated_edge(operator, k_x, level):
         return null_ratio_sf(fitted_law, residual_law, value / observed)
 
     if dof < _MIN_DIAGNOSTIC_DOF:
-        def floor_level(k):
-            # Few residual degrees of freedom (see _white_edge): the centre of the fitted
-            # values' edge at the smallest noise scale the observed residual eigenvalue allows
-            # at the level.
-            observed, fitted_law, residual_law, _ = step(k)
-            if observed <= 0 or residual_law.mean <= 0:
-                return level
-            return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
-
-        return edge, p_value, p_value, floor_level
+        return edge, p_value, p_value, _few_dof_floor_level(step, p_value, level)
 
     def floor(k, value, exact=False):
         # Enough residual degrees of freedom fix the noise covariance's top: its own law (the
@@ -719,18 +710,24 @@ def _rotation_edge(moments, operator, k_x, level):
     if operator.residual_dof >= _MIN_DIAGNOSTIC_DOF:
         # The law is exact for any covariance: its own lower tail is the floor.
         return edge, p_value, p_value, level
-    # Few residual degrees of freedom: as for the ratio test, the interval's top counts the
-    # directions above the centre of the fitted values' edge at the smallest noise scale
-    # the largest residual eigenvalue allows at the level (for the matched covariance).
-    step = _ratio_laws(operator, k_x)
+    # Few residual degrees of freedom: as for the ratio test (for the matched covariance).
+    return edge, p_value, p_value, _few_dof_floor_level(_ratio_laws(operator, k_x), p_value,
+                                                        level)
 
+
+def _few_dof_floor_level(step, p_value, level):
+    """``floor_level(k)`` of :func:`sequential_p_values` below 20 residual degrees of freedom
+    (see :func:`_white_edge`): the p-value, under ``p_value``, of the centre of the fitted
+    values' edge at the smallest noise scale the observed residual eigenvalue allows at the
+    level (``step`` from :func:`_ratio_laws`), so that the interval's top counts the
+    directions above it."""
     def floor_level(k):
         observed, fitted_law, residual_law, _ = step(k)
         if observed <= 0 or residual_law.mean <= 0:
             return level
         return p_value(k, observed * fitted_law.mu / residual_law.quantile(level))
 
-    return edge, p_value, p_value, floor_level
+    return floor_level
 
 
 def _canonical_rank(moments, level):
