@@ -113,6 +113,15 @@ def multiplier_clusters(n_rows, noise_model, groups=None, block=1):
 _MAX_CORRECTED_CLUSTER = 512
 
 
+def _cluster_rows(clusters):
+    """``(code, rows)`` of every cluster with rows, in code order (rows in their order)."""
+    order = np.argsort(clusters, kind="stable")
+    counts = np.bincount(clusters)
+    bounds = np.r_[0, np.cumsum(counts)]
+    for g in np.flatnonzero(counts):
+        yield int(g), order[bounds[g]:bounds[g + 1]]
+
+
 def _cluster_corrected(residual, basis, clusters):
     """Residuals corrected for what the fit removed of each cluster's noise: ``(I -
     H_gg)^{-1/2} r_g``, ``H_gg = Q_g Q_gᵀ`` the cluster's block of the hat matrix (Bell &
@@ -121,15 +130,11 @@ def _cluster_corrected(residual, basis, clusters):
     cluster: the fit absorbs part of each cluster's noise."""
     leverage = np.einsum("ij,ij->i", basis, basis)
     corrected = residual / np.sqrt(np.clip(1 - leverage, 1e-12, None))[:, None]
-    counts = np.bincount(clusters)
-    if counts.max(initial=0) <= 1:
+    if np.bincount(clusters).max(initial=0) <= 1:
         return corrected
-    order = np.argsort(clusters, kind="stable")
-    bounds = np.r_[0, np.cumsum(counts[counts > 0])]
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        if stop - start < 2 or stop - start > _MAX_CORRECTED_CLUSTER:
+    for _, index in _cluster_rows(clusters):
+        if index.size < 2 or index.size > _MAX_CORRECTED_CLUSTER:
             continue
-        index = order[start:stop]
         hat = basis[index] @ basis[index].T
         values, vectors = np.linalg.eigh(np.eye(index.size) - hat)
         root = (vectors / np.sqrt(np.clip(values, 1e-12, None))) @ vectors.T
@@ -155,12 +160,8 @@ def _normalised(multipliers, energies):
 def _cluster_energies(basis, residual, clusters, n_clusters):
     """``||Q_gᵀ r_g||_F^2`` of each cluster ``g`` (zero for codes without rows)."""
     energies = np.zeros(n_clusters)
-    order = np.argsort(clusters, kind="stable")
-    bounds = np.r_[0, np.cumsum(np.bincount(clusters, minlength=n_clusters))]
-    for g in range(n_clusters):
-        index = order[bounds[g]:bounds[g + 1]]
-        if index.size:
-            energies[g] = np.sum((basis[index].T @ residual[index]) ** 2)
+    for g, index in _cluster_rows(clusters):
+        energies[g] = np.sum((basis[index].T @ residual[index]) ** 2)
     return energies
 
 
