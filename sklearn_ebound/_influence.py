@@ -60,8 +60,9 @@ def influential_directions(basis, fitted, residual, directions, significance, rn
       ``(I - H_SS)^{-1} r_S`` of those rows ``S`` (``H`` the hat matrix, ``r`` the residual
       rows) have the covariance ``(I - H_SS)^{-1}`` times the noise's ``Sigma`` under the
       linear model, so ``tr(Sigma^{-1} r_Sᵀ (I - H_SS)^{-1} r_S)``, ``Sigma`` estimated from
-      the other rows' residuals, is about chi-square with ``m q`` degrees of freedom: the
-      mean-shift outlier test of the set ``S`` (Cook & Weisberg 1982), on every target.
+      the residuals of the fit without the rows ``S``, is about chi-square with ``m q``
+      degrees of freedom: the mean-shift outlier test of the set ``S`` (Cook & Weisberg
+      1982), on every target.
       Heavy-tailed inputs make real directions concentrated, but the rows that carry them
       follow the same model as the rest: the deletion test tells them from outliers (heavy-
       tailed noise on those rows can still make it reject: 4 of 100 draws of Student t (2.5
@@ -88,7 +89,10 @@ def influential_directions(basis, fitted, residual, directions, significance, rn
         ``"null_median"`` (that of a direction spread as the inputs spread it),
         ``"concentration_p_values"`` and ``"deletion_p_values"`` (``1.0`` where the first test
         did not reject, so the second was not run), ``"flagged"`` (indices from 0 of the
-        accepted directions both tests reject), ``"n_rows"`` and ``"level"``.
+        accepted directions both tests reject), ``"n_rows"`` and ``"level"``; where more
+        than one direction is accepted and none is flagged, ``"combination"``: the same
+        tests on the most concentrated combination of them (its ``"participation"``,
+        ``"concentration_p_value"``, ``"deletion_p_value"`` and ``"flagged"``).
     """
     n_rows, n_accepted = fitted.shape[0], directions.shape[1]
     result = {"n_rows": int(n_rows), "level": float(significance), "participation": [],
@@ -115,7 +119,70 @@ def influential_directions(basis, fitted, residual, directions, significance, rn
                   concentration_p_values=concentration.tolist(),
                   deletion_p_values=deletion.tolist(),
                   flagged=tuple(int(k) for k in np.flatnonzero(flagged)))
+    if n_accepted > 1 and not flagged.any():
+        result["combination"] = _concentrated_combination(
+            basis, gram_inverse, residual, values, significance, rng, n_directions)
     return result
+
+
+# Starts (the rows of largest energy, besides the axes) and fixed-point steps of the search
+# for the most concentrated combination of the accepted directions.
+_PURSUIT_STARTS = 5
+_PURSUIT_STEPS = 30
+
+
+def _most_concentrated(U):
+    """The values ``a = U c`` of smallest participation ratio over unit ``c``, for ``U`` with
+    orthonormal columns (a stack of them, ``(..., n_rows, r)``): ``sum a^4`` is maximised
+    by the fixed point ``c <- Uᵀ a^3 / ||Uᵀ a^3||`` (the kurtosis projection pursuit of
+    Peña & Prieto 2001, which finds a cluster of outlying rows as the direction they share),
+    started at the rows of largest energy and at the axes; the best of the starts."""
+    r = U.shape[-1]
+    energy = np.einsum("...ij,...ij->...i", U, U)
+    top = np.argsort(-energy, axis=-1)[..., :_PURSUIT_STARTS]
+    rows = np.take_along_axis(U, top[..., None], axis=-2)  # (..., starts, r)
+    C = np.concatenate([np.swapaxes(rows, -1, -2),
+                        np.broadcast_to(np.eye(r), (*U.shape[:-2], r, r))], axis=-1)
+    for _ in range(_PURSUIT_STEPS):
+        A = U @ C
+        C = np.swapaxes(U, -1, -2) @ (A * A * A)
+        C = C / np.maximum(np.linalg.norm(C, axis=-2, keepdims=True), 1e-300)
+    A = U @ C
+    best = np.argmin(participation_ratio(A, axis=-2), axis=-1)
+    return np.take_along_axis(A, best[..., None, None], axis=-1)[..., 0]
+
+
+def _concentrated_combination(basis, gram_inverse, residual, values, significance, rng,
+                              n_subspaces):
+    """The check of :func:`influential_directions` on the most concentrated combination of
+    the accepted directions: outlying rows that share a direction can mix with the signal
+    in every singular direction, and stand apart only in a combination of them.
+
+    The deletion test of its rows first (under Gaussian noise it keeps its level whatever
+    the fitted values chose); where it rejects, the concentration against the same search
+    run in random subspaces of the inputs' column space of the same dimension (a subspace
+    spread over the rows as the inputs spread them), ``n_subspaces`` of them."""
+    U = np.linalg.svd(values, full_matrices=False)[0]
+    a = _most_concentrated(U)
+    observed = float(participation_ratio(a))
+    deletion = _deletion_p_value(basis, gram_inverse, residual, a, observed)
+    concentration = 1.0
+    if deletion <= significance:
+        draws = basis @ rng.standard_normal((n_subspaces, basis.shape[1], U.shape[1]))
+        null = participation_ratio(_most_concentrated(np.linalg.qr(draws)[0]), axis=-1)
+        null = np.log(null[null > 0])
+        spread = float(np.std(null, ddof=1))
+        if spread > 0:
+            concentration = float(special.ndtr((math.log(observed) - np.mean(null)) / spread))
+    return {"participation": observed, "concentration_p_value": concentration,
+            "deletion_p_value": deletion,
+            "flagged": bool(concentration <= significance and deletion <= significance)}
+
+
+def _n_flagged(result):
+    """How many accepted directions the check of ``result`` takes for the rows' own."""
+    combination = result.get("combination") or {}
+    return len(result["flagged"]) or int(bool(combination.get("flagged")))
 
 
 def _deletion_p_value(basis, gram_inverse, residual, values, participation):
@@ -125,22 +192,26 @@ def _deletion_p_value(basis, gram_inverse, residual, values, participation):
     n_targets = residual.shape[1]
     m = min(max(1, math.ceil(participation)), n_rows - k_x - 2)
     rows = np.argsort(-np.abs(values), kind="stable")[:m]
-    others = np.ones(n_rows, dtype=bool)
-    others[rows] = False
     dof = n_rows - m - k_x - 1
-    hat = basis[rows] @ gram_inverse @ basis[rows].T
-    rest = residual[others]
-    # The other rows' noise covariance whitens the targets where they estimate it well
-    # (corrected for the bias of its inverse), else their variances scale them.
-    if dof > n_targets + _MIN_EXTRA_DOF:
-        covariance = rest.T @ rest / dof
-        factor = (dof - n_targets - 1) / dof
-    else:
-        covariance = np.diag(np.einsum("ij,ij->j", rest, rest) / max(dof, 1))
-        factor = 1.0
+    # The hat matrix on the rows S, the intercept's 1 / n included (the basis is centred).
+    hat = basis[rows] @ gram_inverse @ basis[rows].T + 1.0 / n_rows
     try:
         # (I - H_SS) is positive definite unless the rows alone span an input direction.
         deleted = np.linalg.solve(np.eye(m) - hat, residual[rows])
+    except np.linalg.LinAlgError:
+        return 1.0
+    # The residual cross-products of the fit without the rows S: R^T R - r_S^T (I - H_SS)^-1
+    # r_S (what the full fit's residuals of the other rows would overstate where the rows S
+    # pull the fit). They whiten the targets where they estimate the covariance well
+    # (corrected for the bias of its inverse), else their diagonal scales them.
+    refit = residual.T @ residual - residual[rows].T @ deleted
+    if dof > n_targets + _MIN_EXTRA_DOF:
+        covariance = refit / dof
+        factor = (dof - n_targets - 1) / dof
+    else:
+        covariance = np.diag(np.clip(np.diagonal(refit), 0, None) / max(dof, 1))
+        factor = 1.0
+    try:
         whitened = np.linalg.solve(covariance, residual[rows].T)
     except np.linalg.LinAlgError:
         return 1.0
@@ -152,12 +223,15 @@ def _deletion_p_value(basis, gram_inverse, residual, values, participation):
 
 def influence_caveat(result):
     """The warning naming the flagged directions of ``result`` (``None`` where none is)."""
-    if not result["flagged"]:
+    if not _n_flagged(result):
         return None
     n_rows = result["n_rows"]
     parts = [f"direction {k + 1} is carried by about "
              f"{max(1, round(result['participation'][k]))} of {n_rows} rows"
              for k in result["flagged"]]
+    if not parts:
+        parts = [f"a combination of the accepted directions is carried by about "
+                 f"{max(1, round(result['combination']['participation']))} of {n_rows} rows"]
     many = len(parts) > 1
     text = "; ".join(parts)
     return (f"{text[0].upper()}{text[1:]} (a direction spread over the rows as the inputs "
@@ -168,7 +242,7 @@ def influence_caveat(result):
 
 def widened_interval(interval, rank, result):
     """``interval`` whose low end excludes the flagged directions of ``result``."""
-    if interval is None or not result["flagged"]:
+    if interval is None or not _n_flagged(result):
         return interval
     low, high = interval
-    return (max(0, min(low, rank - len(result["flagged"]))), high)
+    return (max(0, min(low, rank - _n_flagged(result))), high)

@@ -219,13 +219,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         (D'Agostino's kurtosis test) a dict with ``"statistic"`` and ``"p_value"``;
         ``"failed"`` the rejected ones, each at ``level / 4`` (``level`` = 1e-5: clean Gaussian
         data switch with at most that probability); ``"n_rows"`` the rows tested (the first
-        1,024). Where input-dependent variance or heavy tails failed (not by construction of
-        the rows), ``"influential_directions"`` holds the check of the accepted directions for
-        being carried by a handful of rows that the other rows contradict (outliers that are
-        leverage points): per direction its ``"participation"`` (about how many rows carry
-        it), ``"concentration_p_values"`` and ``"deletion_p_values"``, and ``"flagged"``
-        (indices from 0 of the directions both tests reject at ``significance``), named in a
-        warning.
+        1,024). Where input-dependent variance or heavy tails failed, or either's p-value is
+        at most ``significance`` (not by construction of the rows), ``"influential_directions"``
+        holds the check of the accepted directions for being carried by a handful of rows that
+        the other rows contradict (outliers that are leverage points): per direction its
+        ``"participation"`` (about how many rows carry it), ``"concentration_p_values"`` and
+        ``"deletion_p_values"``, and ``"flagged"`` (indices from 0 of the directions both
+        tests reject at ``significance``), named in a warning; where more than one direction
+        is accepted and none is flagged, ``"combination"``: the same tests on their most
+        concentrated combination.
     p_values_ : ndarray, only where ``noise_model_`` is set
         P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
         are accepted (``rank_`` is the number of leading p-values at most ``significance``).
@@ -233,9 +235,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         of ``rank_interval_``).
     rank_interval_ : tuple of int, only where ``noise_model_`` is set
         ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
-        ``significance``. ``low = rank_``, less the accepted directions flagged as carried by
-        a handful of contradicting rows (``diagnostics_["influential_directions"]``: the rank
-        may count outliers that are leverage points, and is left as read); ``high`` counts
+        ``significance``. ``low = rank_``, less the accepted directions (or the one
+        combination of them) flagged as carried by a handful of contradicting rows
+        (``diagnostics_["influential_directions"]``: the rank may count outliers that are
+        leverage points, and is left as read); ``high`` counts
         the leading directions whose value noise alone would not exceed in ``1 -
         significance`` of draws (a real direction of any strength is left out at most that
         often, so the interval holds the true rank in at least ``1 - 2 significance`` of

@@ -898,7 +898,15 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
                                                                    diagnostics)
     if not failed:
         caveats = (*gaussian.caveats, absorbed) if absorbed else gaussian.caveats
-        return replace(gaussian, diagnostics=diagnostics, caveats=caveats), operator
+        reading = replace(gaussian, diagnostics=diagnostics, caveats=caveats)
+        # Signs of outliers too weak to change the path, at the test's own level, still send
+        # the accepted directions to the influence check (clean data rarely pay for it).
+        hinted = min(diagnostics.get(name, {}).get("p_value", 1.0)
+                     for name in _OUTLIER_SIGNS) <= significance
+        if hinted and not expected:
+            reading = _checked_for_influence(reading, sample, moments, operator,
+                                             significance, rng)
+        return reading, operator
     dependent = {"serial_dependence", "group_dependence"} & set(failed)
     weight = np.sqrt(moments.n / sample.n_rows)
     short = None
@@ -956,6 +964,35 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
               "diagnostics_ holds the tests).")
     return replace(reading, diagnostics=diagnostics,
                    caveats=(caveat, *reading.caveats)), operator
+
+
+def _checked_for_influence(reading, sample, moments, operator, significance, rng):
+    """``reading`` of the Gaussian rule with its accepted directions checked for being
+    carried by a handful of rows that the other rows contradict
+    (:func:`._influence.influential_directions`), on the rows the diagnostics read: outliers
+    that are leverage points can leave residuals that pass the diagnostics at their strict
+    level (the rows' own fit absorbs their shift) and still give the fitted values a
+    direction of their own."""
+    if reading.rank == 0:
+        return reading
+    head = slice(0, DIAGNOSTIC_ROWS)
+    rows = residual_rows(sample.X[head], sample.Y[head], moments, operator, with_residual=True)
+    raw = operator.input_basis.T @ moments.xy
+    # The directions in the metric of the noise (whitened by the residuals' covariance where
+    # the residual degrees of freedom allow it), where a shifted cluster of rows stands apart
+    # from the signal the others carry instead of mixing with it.
+    values, vectors = operator.residual_covariance_eigh
+    metric = np.eye(raw.shape[1])
+    if operator.residual_dof > raw.shape[1] + _MIN_CLUSTERS:
+        floor = max(values.max(), 0) * 1e-12
+        metric = (vectors / np.sqrt(np.maximum(values, floor))) @ vectors.T
+    directions = metric @ np.linalg.svd(raw @ metric, full_matrices=False)[2][: reading.rank].T
+    result = influential_directions(rows.basis, rows.basis @ raw, rows.residual, directions,
+                                    significance, rng or np.random.default_rng(0))
+    diagnostics = {**reading.diagnostics, "influential_directions": result}
+    return replace(reading, diagnostics=diagnostics,
+                   rank_interval=widened_interval(reading.rank_interval, reading.rank, result),
+                   caveats=tuple(filter(None, (*reading.caveats, influence_caveat(result)))))
 
 
 def _absorbed_groups_caveat(sample, moments, operator, diagnostics):
