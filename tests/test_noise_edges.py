@@ -345,26 +345,33 @@ def test_rotation_law_is_scale_equivariant_and_bounded_by_the_gram(eigenvalues, 
     np.diag(np.r_[30.0, np.ones(39)]),  # one strong noise direction
     ar1_covariance(40, 0.7),
 ], ids=["spike", "ar1-0.7"])
-def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance):
+@pytest.mark.parametrize("decide", [False, True], ids=["all-draws", "drawn-for-the-value"])
+def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance, decide,
+                                                                monkeypatch):
     # 6 of 30 Gaussian rows with a non-white covariance, q = 40 > 30: given the Gram of all
     # the rows, the p-value of the 6 rows' largest eigenvalue is uniform whatever the
-    # covariance.
+    # covariance, also from a law whose draws stop once the value is clear (staged here
+    # though the law is cheap).
+    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
     rng = np.random.default_rng(0)
     root = np.linalg.cholesky(covariance).T
     p_values = []
     for seed in range(300):
         W = rng.standard_normal((30, 40)) @ root
-        law = rotation_null_law(np.linalg.eigvalsh(W.T @ W), 6, 30, n_draws=400, seed=seed)
-        p_values.append(law.sf(np.linalg.norm(W[:6], 2) ** 2))
+        value = np.linalg.norm(W[:6], 2) ** 2
+        law = rotation_null_law(np.linalg.eigvalsh(W.T @ W), 6, 30, n_draws=400, seed=seed,
+                                **({"value": value, "significance": 1e-3} if decide else {}))
+        p_values.append(law.sf(value))
     p_values = np.array(p_values)
     for level in (0.1, 0.5):
         assert abs(np.mean(p_values <= level) - level) < 3.5 * np.sqrt(level * (1 - level) / 300)
 
 
-def test_rotation_law_drawn_for_a_value_stops_only_where_its_side_is_clear():
+def test_rotation_law_drawn_for_a_value_stops_only_where_its_side_is_clear(monkeypatch):
     # Drawn to decide one value, the law stops early where the value is far from both
     # quantiles of the test, and gives the decisions all the draws give; near a quantile it
-    # is the law of all the draws, exactly.
+    # is the law of all the draws, exactly (staged here though the law is cheap).
+    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
     rng = np.random.default_rng(3)
     W = rng.standard_normal((60, 40)) @ np.linalg.cholesky(ar1_covariance(40, 0.7)).T
     d = np.linalg.eigvalsh(W.T @ W)
