@@ -13,7 +13,9 @@ version, their ratio, the number of rotation laws drawn, and whether ``rank_`` a
 Run from a git checkout::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_rotation_speed.py [--baseline fec7ced]
-        [--repeats 2] [--seeds 4]
+        [--repeats 2] [--seeds 4] [--quick]
+
+``--quick`` fits one seed of the shape ``N = 120, p = 20, q = 100`` once in each version.
 """
 
 import argparse
@@ -36,22 +38,22 @@ BASELINE = "fec7ced"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cases(n_seeds):
+def cases(n_seeds, shapes):
     """The fits: shape, planted rank and seed."""
-    return [(shape, rank, seed) for shape in SHAPES for rank in RANKS
+    return [(shape, rank, seed) for shape in shapes for rank in RANKS
             for seed in range(n_seeds)]
 
 
-def write_data(folder, n_seeds):
+def write_data(folder, n_seeds, shapes):
     from sklearn_ebound.datasets import make_static_task
 
-    for (n, p, q), rank, seed in cases(n_seeds):
+    for (n, p, q), rank, seed in cases(n_seeds, shapes):
         X, Y = make_static_task(n, p, q, rank=rank, singular_values=SINGULAR_VALUES[:rank],
                                 noise=1.0, noise_correlation=0.5, random_state=seed)
         np.savez(folder / f"{n}-{p}-{q}-{rank}-{seed}.npz", X=X, Y=Y)
 
 
-def worker(folder, n_seeds):
+def worker(folder, n_seeds, shapes):
     """Fit every case with the ``sklearn_ebound`` first on the path; print JSON."""
     import sklearn_ebound._rank_rules as rank_rules
     from sklearn_ebound import IntrinsicRankEstimator
@@ -65,7 +67,7 @@ def worker(folder, n_seeds):
 
     rank_rules.rotation_null_law = counted
     out = []
-    for (n, p, q), rank, seed in cases(n_seeds):
+    for (n, p, q), rank, seed in cases(n_seeds, shapes):
         data = np.load(folder / f"{n}-{p}-{q}-{rank}-{seed}.npz")
         drawn.clear()
         start = time.process_time()
@@ -76,11 +78,12 @@ def worker(folder, n_seeds):
     print(json.dumps(out))
 
 
-def run_version(package_root, folder, n_seeds):
+def run_version(package_root, folder, n_seeds, quick):
     env = dict(os.environ, PYTHONPATH=str(package_root))
     result = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", str(folder),
-         "--seeds", str(n_seeds)], env=env, capture_output=True, text=True, check=True)
+         "--seeds", str(n_seeds)] + ["--quick"] * quick, env=env, capture_output=True,
+        text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -89,10 +92,14 @@ def main(argv=None):
     parser.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per version")
     parser.add_argument("--seeds", type=int, default=4, help="seeds per shape and rank")
+    parser.add_argument("--quick", action="store_true", help="one shape, one seed, one run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    shapes = [(120, 20, 100)] if args.quick else SHAPES
+    if args.quick:
+        args.seeds, args.repeats = 1, 1
     if args.worker:
-        return worker(Path(args.worker), args.seeds)
+        return worker(Path(args.worker), args.seeds, shapes)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         baseline, data = scratch / "baseline", scratch / "data"
@@ -101,11 +108,11 @@ def main(argv=None):
         archive = subprocess.run(["git", "archive", args.baseline, "sklearn_ebound"], cwd=ROOT,
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
-        write_data(data, args.seeds)
+        write_data(data, args.seeds, shapes)
         runs = {"old": [], "new": []}
         for _ in range(args.repeats):
-            runs["old"].append(run_version(baseline, data, args.seeds))
-            runs["new"].append(run_version(ROOT, data, args.seeds))
+            runs["old"].append(run_version(baseline, data, args.seeds, args.quick))
+            runs["new"].append(run_version(ROOT, data, args.seeds, args.quick))
     best = {key: [min(r[i]["cpu"] for r in rs) for i in range(len(rs[0]))]
             for key, rs in runs.items()}
     old, new = runs["old"][0], runs["new"][0]
@@ -113,8 +120,8 @@ def main(argv=None):
           f"{args.repeats}, mean over ranks {RANKS} x {args.seeds} seeds")
     print(f"{'n, p, q':>14} {'old s':>7} {'new s':>7} {'ratio':>6} {'old laws':>8} "
           f"{'new laws':>8} {'same rank':>9} {'same interval':>13}")
-    differences = []
-    for shape in SHAPES:
+    differences, rows = [], []
+    for shape in shapes:
         index = [i for i, r in enumerate(old) if tuple(r["case"][:3]) == shape]
         t_old = np.mean([best["old"][i] for i in index])
         t_new = np.mean([best["new"][i] for i in index])
@@ -123,6 +130,9 @@ def main(argv=None):
         differences += [(old[i], new[i]) for i in index
                         if (old[i]["rank"], old[i]["interval"])
                         != (new[i]["rank"], new[i]["interval"])]
+        rows.append({"shape": shape, "old": t_old, "new": t_new, "fits": len(index),
+                     "same_rank": same_rank, "same_interval": same_interval,
+                     "laws": [sum(run[i]["laws"] for i in index) for run in (old, new)]})
         print(f"{str(shape):>14} {t_old:7.3f} {t_new:7.3f} {t_old / t_new:6.2f} "
               f"{np.mean([old[i]['laws'] for i in index]):8.1f} "
               f"{np.mean([new[i]['laws'] for i in index]):8.1f} "
@@ -133,6 +143,7 @@ def main(argv=None):
     for a, b in differences:
         print(f"differs: n, p, q, rank, seed = {a['case']}: rank {a['rank']} -> {b['rank']}, "
               f"interval {a['interval']} -> {b['interval']}")
+    return {"rows": rows, "ratio": total_old / total_new}
 
 
 if __name__ == "__main__":
