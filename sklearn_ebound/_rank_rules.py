@@ -353,7 +353,7 @@ def threshold_rule(moments, operator, significance):
         whitened = _canonical_rank(moments, level)
         rotation = whitened is None and _rotation_affordable(moments, k_x)
         edge, p_value, floor, floor_level = (
-            _rotation_edge(moments, operator, k_x, level) if rotation
+            _rotation_edge(moments, operator, k_x, level, s**2) if rotation
             else _correlated_edge(operator, k_x, level))
     rank, cut = _sequential_count(s**2, edge)
     if not white:
@@ -670,7 +670,7 @@ def _rotation_affordable(moments, k_x):
     return k_x**2 * moments.dof * ROTATION_DRAWS <= ROTATION_BUDGET
 
 
-def _rotation_edge(moments, operator, k_x, level):
+def _rotation_edge(moments, operator, k_x, level, values):
     """Edge ``edge(k)``, p-value ``p_value(k, value)``, and floor of
     :func:`sequential_p_values` and its level (see :func:`_white_edge`) of the rotation
     test: the fitted values' largest eigenvalue against its law given the targets' Gram
@@ -685,6 +685,11 @@ def _rotation_edge(moments, operator, k_x, level):
     directions ``V``), with ``rank(X) - k`` of ``n - 1 - k`` rows, as the other sequential
     tests take it. A direction not yet accepted also sits in ``Cyy``, and raises the law by
     about ``rank(X) / (n - 1)`` of its energy: a little power lost, no level.
+
+    Each step's law is drawn to decide its own value, ``values[k]`` (the squared singular
+    values the sequential test and its interval read): the draws stop once that value is
+    clearly on one side of both tails the test reads at ``1 - level`` (sequential Monte
+    Carlo, :func:`rotation_null_law`), which most steps of the interval's top are.
     """
     directions = operator.output_directions
     n_total = moments.dof
@@ -694,7 +699,8 @@ def _rotation_edge(moments, operator, k_x, level):
         if k not in laws:
             rest = directions[:, k:]
             total = np.linalg.eigvalsh(rest.T @ moments.yy @ rest)
-            laws[k] = rotation_null_law(total, k_x - k, n_total - k, seed=k)
+            laws[k] = rotation_null_law(total, k_x - k, n_total - k, seed=k,
+                                        value=values[k], significance=1.0 - level)
         return laws[k]
 
     def edge(k):

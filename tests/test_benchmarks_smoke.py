@@ -6,6 +6,8 @@ only check that the scripts still work against the current API.
 
 import importlib.util
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +272,21 @@ def test_attention_scale_quick(load, tmp_path, monkeypatch):
     assert low <= r["ratio_to_floor"] <= high
     assert json.loads(out.read_text())["runs"][0]["n_features"] == 8
     assert (tmp_path / "docs" / "attention_scale.csv").is_file()
+
+
+def test_rotation_speed_quick(load):
+    bench = load("bench_rotation_speed")
+    known = shutil.which("git") and subprocess.run(
+        ["git", "cat-file", "-e", f"{bench.BASELINE}^{{commit}}"], cwd=BENCHMARKS.parent,
+        capture_output=True).returncode == 0
+    if not known:
+        pytest.skip(f"not a git checkout holding the baseline commit {bench.BASELINE}")
+    report = bench.main(["--quick"])
+    (row,) = report["rows"]
+    # Both versions took the rotation path, as many steps each, and read the same ranks.
+    assert row["fits"] == 2 and row["laws"][0] == row["laws"][1] > 0
+    assert row["same_rank"] == row["same_interval"] == 2
+    assert report["ratio"] > 0
 
 
 def test_cli_startup_quick(load):

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+import sklearn_ebound._null_edges as null_edges
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._null_edges import (
     LargestEigenvalueLaw,
@@ -344,20 +345,65 @@ def test_rotation_law_is_scale_equivariant_and_bounded_by_the_gram(eigenvalues, 
     np.diag(np.r_[30.0, np.ones(39)]),  # one strong noise direction
     ar1_covariance(40, 0.7),
 ], ids=["spike", "ar1-0.7"])
-def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance):
+@pytest.mark.parametrize("decide", [False, True], ids=["all-draws", "drawn-for-the-value"])
+def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance, decide,
+                                                                monkeypatch):
     # 6 of 30 Gaussian rows with a non-white covariance, q = 40 > 30: given the Gram of all
     # the rows, the p-value of the 6 rows' largest eigenvalue is uniform whatever the
-    # covariance.
+    # covariance, also from a law whose draws stop once the value is clear (staged here
+    # though the law is cheap).
+    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
     rng = np.random.default_rng(0)
     root = np.linalg.cholesky(covariance).T
     p_values = []
     for seed in range(300):
         W = rng.standard_normal((30, 40)) @ root
-        law = rotation_null_law(np.linalg.eigvalsh(W.T @ W), 6, 30, n_draws=400, seed=seed)
-        p_values.append(law.sf(np.linalg.norm(W[:6], 2) ** 2))
+        value = np.linalg.norm(W[:6], 2) ** 2
+        law = rotation_null_law(np.linalg.eigvalsh(W.T @ W), 6, 30, n_draws=400, seed=seed,
+                                **({"value": value, "significance": 1e-3} if decide else {}))
+        p_values.append(law.sf(value))
     p_values = np.array(p_values)
     for level in (0.1, 0.5):
         assert abs(np.mean(p_values <= level) - level) < 3.5 * np.sqrt(level * (1 - level) / 300)
+
+
+def test_rotation_law_drawn_for_a_value_stops_only_where_its_side_is_clear(monkeypatch):
+    # Drawn to decide one value, the law stops early where the value is far from both
+    # quantiles of the test, and gives the decisions all the draws give; near a quantile it
+    # is the law of all the draws, exactly (staged here though the law is cheap).
+    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((60, 40)) @ np.linalg.cholesky(ar1_covariance(40, 0.7)).T
+    d = np.linalg.eigvalsh(W.T @ W)
+    full = rotation_null_law(d, 10, 60)
+    for p_value, clear in [(1e-7, True), (4e-4, False), (2.5e-3, False), (0.3, True),
+                           (0.997, False), (0.9995, False), (1 - 1e-7, True)]:
+        value = full.quantile(1 - p_value)
+        law = rotation_null_law(d, 10, 60, value=value, significance=1e-3)
+        assert (law != full) == clear, p_value
+        for level in (1e-3, 1 - 1e-3):
+            assert (law.sf(value) <= level) == (full.sf(value) <= level), p_value
+
+
+@pytest.mark.filterwarnings("ignore:The residuals are not white")
+def test_rotation_laws_drawn_for_their_values_read_the_rank_and_interval_of_all_draws(
+        monkeypatch):
+    # The sequential test and its interval's top on the rotation path (dof 39 < q 50), each
+    # step's law stopped early where its value is clear, and with all the draws at every step.
+    data = [make_static_task(60, 20, 50, rank=rank, singular_values=[3.0, 2.0][:rank],
+                             noise=1.0, noise_correlation=0.6, random_state=seed)
+            for rank in (0, 2) for seed in range(3)]
+    readings, p_values = [], []
+    for stages in (null_edges._ROTATION_STAGES, ()):
+        monkeypatch.setattr(null_edges, "_ROTATION_STAGES", stages)
+        fits = [IntrinsicRankEstimator().fit(X, Y) for X, Y in data]
+        readings.append([(est.rank_, est.rank_interval_) for est in fits])
+        p_values.append(np.concatenate([est.p_values_ for est in fits]))
+    assert readings[0] == readings[1]
+    ranks = [rank for rank, _ in readings[0]]
+    assert min(ranks) == 0 and max(ranks) >= 2
+    assert any(high > rank for rank, (_, high) in readings[0])  # the top ran past the rank
+    assert not np.array_equal(*p_values)  # some steps stopped early
 
 
 def test_rotation_law_keeps_the_skewness_of_the_draws():
