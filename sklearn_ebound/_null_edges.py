@@ -517,6 +517,10 @@ def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS
         return RotationLaw(0.0, 0.0)
     if n_rows >= n_total:  # all the rows: the Gram itself
         return RotationLaw(float(d[0]), 0.0)
+    if d.size == n_total and d[-1] >= d[0] * (1 - 1e-12):
+        # A Gram proportional to the identity on every direction the rows span: any part of
+        # it has that one eigenvalue, with no spread (draws would show rounding error only).
+        return RotationLaw(float(d[0]), 0.0)
     scale = d[0]
     d = d / scale
     rng = np.random.default_rng(seed)
@@ -535,7 +539,7 @@ def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS
             break
     tops = np.concatenate(tops)
     sd = float(tops.std(ddof=1))
-    if not sd > 0:
+    if not sd > 1e-12 * abs(tops.mean()):  # no spread beyond rounding error
         return RotationLaw(float(scale * tops.mean()), 0.0)
     return RotationLaw(float(scale * tops.mean()), float(scale * sd), float(stats.skew(tops)))
 

@@ -3,7 +3,7 @@ covariance estimate it uses, and the Tracy–Widom laws behind both."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -326,6 +326,7 @@ def test_sphericity_keeps_white_noise_and_rejects_a_noise_spike():
 @settings(max_examples=20, deadline=None)
 @given(eigenvalues=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=30),
        n_rows=st.integers(1, 12), extra=st.integers(0, 20), scale=st.floats(1e-3, 1e3))
+@example(eigenvalues=[1.0, 1.0], n_rows=1, extra=1, scale=1.0)  # a Gram proportional to I
 def test_rotation_law_is_scale_equivariant_and_bounded_by_the_gram(eigenvalues, n_rows,
                                                                    extra, scale):
     # The part of a Gram that n_rows rows carry lies between 0 and the whole Gram's top.
