@@ -746,6 +746,27 @@ def test_distillation_trains_only_the_planned_columns_end_to_end(word_tokenizer,
                for a, b in zip(layers, c_layers, strict=True))
 
 
+def test_distillation_on_noisy_copies_of_the_text(word_tokenizer):
+    # token_noise distils also on copies of each batch with random tokens: a different
+    # training signal (other weights than without it) that still fits the clean texts
+    model = tiny("gpt2")
+    tokenizer = word_tokenizer(60)
+    texts = docstring_sentences(["json", "textwrap", "argparse"])[:48]
+    result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("data",))
+    plan = plan_ranks(result, budget=0.4, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
+    runs = {noise: distill_compressed(model, compressed, plan, texts, tokenizer=tokenizer,
+                                      objective="hidden", max_epochs=3, learning_rate=1e-2,
+                                      batch_size=8, token_noise=noise)
+            for noise in (0.0, 0.3)}
+    clean, noisy = (run.state_dict() for run in runs.values())
+    assert any(not torch.equal(clean[k], noisy[k]) for k in clean)
+    history = runs[0.3].distillation_
+    assert min(history["validation_loss"]) < history["validation_loss"][0]
+    assert (_hidden_error(model, runs[0.3], texts, tokenizer)
+            < _hidden_error(model, compressed, texts, tokenizer))
+
+
 def test_distillation_checks_its_input_and_skips_rotary_heads(word_tokenizer, bert_result):
     model, result = bert_result
     tokenizer = word_tokenizer(60)
@@ -760,6 +781,7 @@ def test_distillation_checks_its_input_and_skips_rotary_heads(word_tokenizer, be
             ({"learning_rate": "1e-3"}, ValueError, "`learning_rate` must be a positive"),
             ({"validation": 1.0}, ValueError, r"`validation` must be a float in \(0, 1\)"),
             ({"validation": 0.01}, ValueError, "`validation`=0.01 leaves 0 of the"),
+            ({"token_noise": 1.0}, ValueError, r"`token_noise` must be a float in \[0, 1\)"),
             ({"progress": 3}, TypeError, "`progress` must be callable"),
             ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
             ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),

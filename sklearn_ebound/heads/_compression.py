@@ -343,8 +343,8 @@ def _distillation_loss(objective, student, teacher, mask):
 
 def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
                        objective="embedding", max_epochs=10, learning_rate=1e-4,
-                       validation=0.2, patience=2, max_length=64, batch_size=32,
-                       random_state=0, progress=None):
+                       validation=0.2, patience=2, token_noise=0.0, max_length=64,
+                       batch_size=32, random_state=0, progress=None):
     """Train a compressed model's planned query-key columns end to end against the original.
 
     The rank-``r`` pairs of :func:`compress_heads` (and of :func:`refine_compressed`) are
@@ -388,6 +388,13 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         Share of ``texts`` held out for early stopping, in ``(0, 1)``; at least one text.
     patience : int, default=2
         Epochs without a lower validation objective before training stops.
+    token_noise : float, default=0.0
+        If positive, every training step also distils on a copy of the batch in which each
+        token (padding and special tokens apart) is replaced, with this probability, by a
+        token drawn uniformly from the vocabulary, fresh at every step; the loss is the mean
+        of the two. The original labels nothing, so any input is training data: the noise
+        shows the pairs words and contexts the calibration text lacks. The validation
+        texts stay clean.
     max_length : int, default=64
         Tokens per text at most.
     batch_size : int, default=32
@@ -448,6 +455,9 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     if isinstance(validation, bool) or not isinstance(validation, Real) or not (
             0 < validation < 1):
         raise ValueError(f"`validation` must be a float in (0, 1). Got {validation!r}.")
+    if isinstance(token_noise, bool) or not isinstance(token_noise, Real) or not (
+            0 <= token_noise < 1):
+        raise ValueError(f"`token_noise` must be a float in [0, 1). Got {token_noise!r}.")
     n_val = int(round(validation * len(texts)))
     if not 1 <= n_val < len(texts):
         raise ValueError(f"`validation`={validation} leaves {n_val} of the {len(texts)} texts "
@@ -496,6 +506,20 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
             losses = [float(loss_of(b, t)) * len(b["input_ids"]) for b, t in part]
         return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
 
+    vocabulary = np.setdiff1d(np.arange(int(model.config.vocab_size)),
+                              list(getattr(tokenizer, "all_special_ids", None) or []))
+    special = torch.as_tensor(np.setdiff1d(np.arange(int(model.config.vocab_size)),
+                                           vocabulary))
+
+    def corrupt(batch):
+        """A copy of ``batch`` with a share ``token_noise`` of its tokens drawn at random."""
+        ids = batch["input_ids"]
+        keep = (batch["attention_mask"] == 0) | torch.isin(ids, special)
+        draw = torch.as_tensor(rng.random_sample(ids.shape) < token_noise) & ~keep
+        new = torch.as_tensor(vocabulary[rng.randint(len(vocabulary), size=ids.shape)],
+                              dtype=ids.dtype)
+        return dict(batch, input_ids=torch.where(draw, new, ids))
+
     train, val = batches(train_texts), batches(val_texts)
     optimizer = torch.optim.Adam(trainable, lr=float(learning_rate))
     history = {"train_loss": [evaluate(train)], "validation_loss": [evaluate(val)]}
@@ -507,6 +531,12 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
             batch, target = train[i]
             optimizer.zero_grad()
             loss = loss_of(batch, target)
+            if token_noise:
+                noisy = corrupt(batch)
+                with torch.no_grad():
+                    noisy_target = model(**noisy, output_hidden_states=True).hidden_states
+                loss = 0.5 * (loss + loss_of(noisy, noisy_target if objective == "layers"
+                                              else noisy_target[-1:]))
             loss.backward()
             for name, p in params.items():
                 if name in masks and p.grad is not None:
