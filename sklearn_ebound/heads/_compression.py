@@ -409,7 +409,9 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     distilled : transformers model
         A copy of ``compressed`` in which only the planned query and key columns differ. It
         carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
-        (entry 0 is the start), ``best_epoch``, ``objective``. Rotary models are returned
+        (entry 0 is the start, measured before training; later ``train_loss`` entries are the
+        mean over the epoch's steps, with ``token_noise`` of the clean and the noisy loss),
+        ``best_epoch``, ``objective``. Rotary models are returned
         untrained, with a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`.
 
     See Also
