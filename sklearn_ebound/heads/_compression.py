@@ -409,9 +409,8 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     distilled : transformers model
         A copy of ``compressed`` in which only the planned query and key columns differ. It
         carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
-        (entry 0 is the start, measured before training; later ``train_loss`` entries are the
-        mean over the epoch's steps, with ``token_noise`` of the clean and the noisy loss),
-        ``best_epoch``, ``objective``. Rotary models are returned
+        (the objective on the clean training and validation texts, entry 0 before training,
+        entry ``e`` after epoch ``e``), ``best_epoch``, ``objective``. Rotary models are returned
         untrained, with a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`.
 
     See Also
@@ -528,7 +527,6 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     best, best_epoch, stale = history["validation_loss"][0], 0, 0
     best_state = {name: params[name].detach().clone() for name in masks}
     for epoch in range(1, max_epochs + 1):
-        total, count = 0.0, 0
         for i in rng.permutation(len(train)):
             batch, target = train[i]
             optimizer.zero_grad()
@@ -547,9 +545,7 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
             with torch.no_grad():  # every entry outside the planned columns as it was
                 for name in masks:
                     params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
-            total += float(loss.detach()) * len(batch["input_ids"])
-            count += len(batch["input_ids"])
-        history["train_loss"].append(total / count)
+        history["train_loss"].append(evaluate(train))
         history["validation_loss"].append(evaluate(val))
         if progress is not None:
             progress(epoch, max_epochs)
