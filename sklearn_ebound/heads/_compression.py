@@ -2,9 +2,10 @@
 
 :func:`compress_heads` writes a plan's rank-``r`` query-key pairs into a copy of the model
 (every other weight bit-identical); :func:`refine_compressed` re-fits those pairs layer by
-layer on the inputs the compressed model itself gives them; :func:`embedding_fidelity`,
-:func:`perplexity` and :func:`compression_frontier` measure it against the original on
-held-out text.
+layer on the inputs the compressed model itself gives them; :func:`distill_compressed` trains
+them all at once on the model's end-to-end output against the original's;
+:func:`embedding_fidelity`, :func:`perplexity` and :func:`compression_frontier` measure it
+against the original on held-out text.
 """
 
 import copy
