@@ -21,7 +21,10 @@ evaluation), then:
 * with ``--refine sequential``, the trained plans refined layer by layer on the compressed
   model's own inputs (:func:`refine_compressed`, on the calibration text), beside the
   unrefined ones at 40% and on the frontier, with the refinement's time and the worst
-  held-out sentences;
+  held-out sentences; with ``--refine distill``, the same for the trained plans' query-key
+  columns trained end to end against the original's output (:func:`distill_compressed`,
+  ``--distill-objective``, ``--distill-epochs``, ``--distill-lr``; early stopping on a
+  validation split of the calibration text);
 * the options of the data-aware forms and of the training (``--shrinkage``,
   ``--train-validation``, ``--train-penalty``, ``--train-weighting``, ``--train-steps``) go
   to every call, so one run measures one setting end to end;
@@ -67,9 +70,16 @@ def main(argv=None):
                         help="training loss over tokens or every text alike")
     parser.add_argument("--value-known", action="store_true",
                         help="also run the value-known data-only estimate (slow at d = 384)")
-    parser.add_argument("--refine", choices=("none", "sequential"), default="none",
-                        help="also refine the trained plans layer by layer on the compressed "
-                             "model's own inputs (calibration text)")
+    parser.add_argument("--refine", choices=("none", "sequential", "distill"), default="none",
+                        help="also refine the trained plans on the calibration text: layer by "
+                             "layer on the compressed model's own inputs (sequential), or "
+                             "end to end against the original's output (distill)")
+    parser.add_argument("--distill-objective", choices=("embedding", "hidden", "layers"),
+                        default="embedding", help="the loss of --refine distill")
+    parser.add_argument("--distill-epochs", type=int, default=10,
+                        help="epochs of --refine distill at most (early stopping)")
+    parser.add_argument("--distill-lr", type=float, default=1e-4,
+                        help="Adam's step size of --refine distill")
     parser.add_argument("--oracle", action="store_true",
                         help="also train the planned ranks on the held-out text itself (a bound)")
     args = parser.parse_args(argv)
@@ -85,6 +95,7 @@ def main(argv=None):
         WIDE_CALIBRATION_MODULES,
         compress_heads,
         compression_frontier,
+        distill_compressed,
         docstring_sentences,
         embedding_fidelity,
         head_deficiency,
@@ -195,19 +206,35 @@ def main(argv=None):
     evaluation = [texts[i] for i in result.evaluation_index]
     calibration_texts = [texts[i] for i in tuned.calibration_index]
     refined, refine_seconds, fidelities = {}, {}, {}
-    if args.refine == "sequential":  # every trained plan, refined on the calibration text
+    if args.refine != "none":  # every trained plan, refined on the calibration text
         for budget, p in plans.items():
             start = time.perf_counter()
-            refined[budget] = refine_compressed(
-                model, compress_heads(model, tuned, p, method="trained"), p,
-                calibration_texts, tokenizer=tokenizer, train_steps=args.train_steps,
-                train_weighting=args.train_weighting)
+            compressed = compress_heads(model, tuned, p, method="trained")
+            if args.refine == "sequential":
+                refined[budget] = refine_compressed(
+                    model, compressed, p, calibration_texts, tokenizer=tokenizer,
+                    train_steps=args.train_steps, train_weighting=args.train_weighting)
+            else:
+                refined[budget] = distill_compressed(
+                    model, compressed, p, calibration_texts, tokenizer=tokenizer,
+                    objective=args.distill_objective, max_epochs=args.distill_epochs,
+                    learning_rate=args.distill_lr)
+                history = refined[budget].distillation_
+                print(f"  distilled at {budget:.0%}: objective on the training texts "
+                      f"{history['train_loss'][0]:.5f} -> "
+                      f"{history['train_loss'][history['best_epoch']]:.5f}, on the "
+                      f"validation texts {history['validation_loss'][0]:.5f} -> "
+                      f"{history['validation_loss'][history['best_epoch']]:.5f} "
+                      f"(best epoch {history['best_epoch']})", flush=True)
             refine_seconds[budget] = time.perf_counter() - start
-        print(f"Sequential refinement of the trained plans at {TRAINED_BUDGETS} on "
+        kind = ("Sequential refinement" if args.refine == "sequential"
+                else f"End-to-end distillation ({args.distill_objective})")
+        print(f"{kind} of the trained plans at {TRAINED_BUDGETS} on "
               f"{len(calibration_texts)} calibration sentences: " + ", ".join(
                   f"{b:.0%} {t:.1f} s" for b, t in refine_seconds.items()), flush=True)
-    for method in ("data", "trained") + (("refined",) if refined else ()):
-        compressed = (refined[0.4] if method == "refined"
+    label = "refined" if args.refine == "sequential" else "distilled"
+    for method in ("data", "trained") + ((label,) if refined else ()):
+        compressed = (refined[0.4] if method == label
                       else compress_heads(model, tuned, plan, method=method))
         fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
                     for name, part in (("held_out", held_out), ("evaluation", evaluation))}
@@ -262,14 +289,14 @@ def main(argv=None):
                              "min_cosine": cos.min_cosine})
     for budget, m in refined.items():
         cos = embedding_fidelity(model, m, held_out, tokenizer)
-        trained_plan.append({"strategy": "plan, refined", "budget": budget,
+        trained_plan.append({"strategy": f"plan, {label}", "budget": budget,
                              "budget_used": plans[budget].budget_used,
                              "mean_cosine": cos.mean_cosine, "min_cosine": cos.min_cosine})
     frontier = ResultTable(frontier.rows + trained_plan, **frontier.meta)
     print(f"\nBudget-fidelity frontier on held-out text ({time.perf_counter() - start:.1f} s):")
     print(frontier.format())
     for strategy in ("uniform", "weight", "data", "plan", "plan, trained") + (
-            ("plan, refined",) if refined else ()):
+            (f"plan, {label}",) if refined else ()):
         ok = [r["budget_used"] for r in frontier.rows
               if r["strategy"] == strategy and r["mean_cosine"] >= 0.99]
         print(f"smallest budget with mean cosine >= 0.99, {strategy}: "
@@ -284,7 +311,8 @@ def main(argv=None):
                    "oracle": None if oracle is None else oracle.to_dict(),
                    "forward_seconds": forward,
                    "refine_seconds": {str(b): t for b, t in refine_seconds.items()},
-                   "refined_fidelity": ({k: v.meta for k, v in fidelities["refined"].items()}
+                   "refine": args.refine,
+                   "refined_fidelity": ({k: v.meta for k, v in fidelities[label].items()}
                                         if refined else None)}
         with open(args.out, "w") as f:
             json.dump(payload, f, default=float)

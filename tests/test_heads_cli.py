@@ -186,27 +186,29 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
     assert all(os.path.exists(p) for p in payload["files"])
 
 
-def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys):
-    # --refine sequential saves the refined model: other query-key weights than the
-    # unrefined one, every other weight still the original's
+@pytest.mark.parametrize(("refine", "said"), [("sequential", "refined layer by layer"),
+                                             ("distill", "distilled end to end")])
+def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys, refine, said):
+    # --refine sequential / distill saves the refined model: other query-key weights than
+    # the unrefined one, every other weight still the original's
     transformers = pytest.importorskip("transformers")
     model_dir, text = tiny_bert_with_tokenizer
     models = {}
-    for refine in ("none", "sequential"):
-        target = tmp_path / refine
+    for mode in ("none", refine):
+        target = tmp_path / mode
         assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
-                     "--budget", "0.5", "--refine", refine, "--out",
-                     str(tmp_path / f"o-{refine}")]) == 0
+                     "--budget", "0.5", "--refine", mode, "--out",
+                     str(tmp_path / f"o-{mode}")]) == 0
         report = capsys.readouterr().out
-        assert ("refined layer by layer" in report) == (refine == "sequential")
-        models[refine] = transformers.AutoModel.from_pretrained(
+        assert (said in report) == (mode == refine)
+        models[mode] = transformers.AutoModel.from_pretrained(
             target, local_files_only=True).state_dict()
     original = transformers.AutoModel.from_pretrained(model_dir,
                                                       local_files_only=True).state_dict()
     moved = {k for k, v in models["none"].items()
-             if not np.array_equal(v.numpy(), models["sequential"][k].numpy())}
+             if not np.array_equal(v.numpy(), models[refine][k].numpy())}
     changed = {k for k, v in original.items()
-               if not np.array_equal(v.numpy(), models["sequential"][k].numpy())}
+               if not np.array_equal(v.numpy(), models[refine][k].numpy())}
     assert moved and all(".attention.self.query." in k or ".attention.self.key." in k
                          for k in changed)
 

@@ -10,7 +10,9 @@ the per-head eps-ranks and the planned ranks, writes the curves, the plan and th
 under ``--out`` and the compressed model (a Hugging Face directory) to ``OUT_DIR``, and
 reports its embedding cosine (or perplexity) to the original on the evaluation half.
 ``--refine sequential`` re-fits the compressed pairs layer by layer on the compressed model's
-own inputs (the calibration half) before saving.
+own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
+against the original's output on the calibration half (the sentence embedding of a model
+without a language-model head, the last hidden state otherwise).
 """
 
 import argparse
@@ -78,8 +80,9 @@ def add_heads_parser(commands):
     compress.add_argument("--train-steps", type=int, default=0, metavar="N",
                           help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
                                "step (default: %(default)s)")
-    compress.add_argument("--refine", choices=("none", "sequential"), default="none",
-                          help="sequential: refit pairs layer by layer (default: %(default)s)")
+    compress.add_argument("--refine", choices=("none", "sequential", "distill"),
+                          default="none", metavar="MODE",
+                          help="none, sequential or distill (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5,
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
@@ -225,6 +228,7 @@ def _compress(args, model_dir, texts, out, focus):
 
     from ..heads import (
         compress_heads,
+        distill_compressed,
         embedding_fidelity,
         head_deficiency,
         load_pretrained,
@@ -253,18 +257,26 @@ def _compress(args, model_dir, texts, out, focus):
                                  progress=Progress("training heads"), **common)
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
+    calibration = [texts[i] for i in result.calibration_index]
+    language_model = getattr(model, "get_output_embeddings", lambda: None)() is not None
     if args.refine == "sequential":
-        calibration = [texts[i] for i in result.calibration_index]
         compressed = refine_compressed(model, compressed, plan, calibration,
                                        tokenizer=tokenizer, train_steps=args.train_steps or 15,
                                        max_length=args.max_length,
                                        progress=Progress("refining heads"))
+    elif args.refine == "distill":
+        bar = Progress("distilling (epochs)")
+        compressed = distill_compressed(
+            model, compressed, plan, calibration, tokenizer=tokenizer,
+            objective="hidden" if language_model else "embedding",
+            max_length=args.max_length, random_state=args.seed, progress=bar)
+        bar(1, 1)  # early stopping may end before the last epoch
     target = Path(args.compress)
     target.mkdir(parents=True, exist_ok=True)
     compressed.save_pretrained(target)
     tokenizer.save_pretrained(target)
     evaluation = [texts[i] for i in result.evaluation_index]
-    if getattr(model, "get_output_embeddings", lambda: None)() is not None:
+    if language_model:
         fidelity = {"measure": "perplexity",
                     "original": perplexity(model, evaluation, tokenizer),
                     "compressed": perplexity(compressed, evaluation, tokenizer)}
@@ -308,7 +320,8 @@ def _compress(args, model_dir, texts, out, focus):
         result.summary().format(),
         f"Plan (greedy on the data-aware curves, {goal}"
         + (", the planned ranks trained" if args.train_steps else "")
-        + (", refined layer by layer" if args.refine == "sequential" else "")
+        + {"none": "", "sequential": ", refined layer by layer",
+           "distill": ", distilled end to end"}[args.refine]
         + f"): {plan.budget_used:.1%} of the full query-key rank "
         f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
     ]

@@ -7,7 +7,8 @@ or of a plain state dict, and, given text, the logit field the head produces on 
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
 :func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
 needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model
-(:func:`refine_compressed` re-fits its pairs layer by layer on its own inputs),
+(:func:`refine_compressed` re-fits its pairs layer by layer on its own inputs,
+:func:`distill_compressed` trains them end to end against the original's output),
 :func:`compression_frontier`, :func:`embedding_fidelity` and :func:`perplexity` measure it end
 to end. Running models needs the optional ``heads`` extra (``transformers``,
 ``safetensors``); state dicts of numpy arrays need nothing more than numpy.
@@ -19,6 +20,7 @@ to end. Running models needs the optional ``heads`` extra (``transformers``,
 from ._compression import (
     compress_heads,
     compression_frontier,
+    distill_compressed,
     embedding_fidelity,
     perplexity,
     refine_compressed,
@@ -47,6 +49,7 @@ __all__ = [
     "plan_ranks",
     "compress_heads",
     "refine_compressed",
+    "distill_compressed",
     "compression_frontier",
     "embedding_fidelity",
     "perplexity",

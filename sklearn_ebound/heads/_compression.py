@@ -2,14 +2,15 @@
 
 :func:`compress_heads` writes a plan's rank-``r`` query-key pairs into a copy of the model
 (every other weight bit-identical); :func:`refine_compressed` re-fits those pairs layer by
-layer on the inputs the compressed model itself gives them; :func:`embedding_fidelity`,
-:func:`perplexity` and :func:`compression_frontier` measure it against the original on
-held-out text.
+layer on the inputs the compressed model itself gives them; :func:`distill_compressed` trains
+them all at once on the model's end-to-end output against the original's;
+:func:`embedding_fidelity`, :func:`perplexity` and :func:`compression_frontier` measure it
+against the original on held-out text.
 """
 
 import copy
 import warnings
-from numbers import Integral
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -28,8 +29,8 @@ from ._head_forms import (
 from ._inputs import capture_inputs, require, token_batches
 from ._planning import plan_curves, plan_ranks
 
-__all__ = ["compress_heads", "refine_compressed", "embedding_fidelity", "perplexity",
-           "compression_frontier"]
+__all__ = ["compress_heads", "refine_compressed", "distill_compressed", "embedding_fidelity",
+           "perplexity", "compression_frontier"]
 
 
 def _projection_names(naming, attention_module):
@@ -123,6 +124,54 @@ def _plan_ranks_of(plan, name="plan"):
                         f"rank}}. Got {type(plan).__name__} instead.") from exc
 
 
+def _planned_heads(model, compressed, plan):
+    """Check ``compressed`` against ``model`` and ``plan``; the heads at ``1 <= r < d_h``.
+
+    Returns ``naming``, ``{layer index: (layer, compressed layer)}`` and ``{layer index:
+    [(head, rank), ...]}``.
+    """
+    if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
+        raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
+                        f"Got {type(compressed).__name__} instead.")
+    ranks = _plan_ranks_of(plan)
+    naming, layers, _ = layers_of(model)
+    naming_c, c_layers, _ = layers_of(compressed)
+    if naming_c != naming or len(c_layers) != len(layers) or any(
+            a.w_q.shape != b.w_q.shape for a, b in zip(layers, c_layers, strict=True)):
+        raise ValueError("`compressed` does not have the attention layers of `model` (is it "
+                         "the compress_heads copy of this model?).")
+    by_index = {layer.index: (layer, c_layer) for layer, c_layer in
+                zip(layers, c_layers, strict=True)}
+    d_h, n_heads = layers[0].head_dim, layers[0].n_heads
+    todo = {}
+    for key, rank in ranks.items():
+        try:
+            layer_index, head = (int(k) for k in key)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"`plan` keys must be (layer, head) pairs. Got {key!r}.") from exc
+        if layer_index not in by_index or not 0 <= head < n_heads:
+            raise ValueError(f"`plan` names head {layer_index}.{head}, which the model does "
+                             f"not have (layers {sorted(by_index)}, heads 0..{n_heads - 1}).")
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not (
+                0 <= rank <= d_h):
+            raise ValueError(f"`plan`: rank {rank!r} of head {layer_index}.{head} is not an "
+                             f"integer in [0, {d_h}].")
+        if 1 <= rank < d_h:
+            todo.setdefault(layer_index, []).append((head, int(rank)))
+    if naming == "llama":  # rotary forms zero whole rotation planes, not the last columns
+        return naming, by_index, todo
+    for layer_index in sorted(todo):
+        layer, c_layer = by_index[layer_index]
+        cq, ck, _ = augmented_weights(c_layer)
+        for head, rank in todo[layer_index]:
+            g = int(c_layer.kv_index[head])
+            if np.any(cq[head][:, rank:] != 0) or np.any(ck[g][:, rank:] != 0):
+                raise ValueError(f"Head {layer_index}.{head} of `compressed` has query or key "
+                                 f"columns beyond its planned rank {rank}: is `plan` the plan "
+                                 "it was compressed with?")
+    return naming, by_index, todo
+
+
 def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_steps=15,
                       train_weighting="tokens", max_length=64, batch_size=32, progress=None):
     """Re-fit a compressed model's query-key pairs layer by layer, on its own inputs.
@@ -198,9 +247,6 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
     'BertModel'
     """
     model, tokenizer = model_source(model, tokenizer)
-    if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
-        raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
-                        f"Got {type(compressed).__name__} instead.")
     texts = check_texts(texts, "texts")
     for name, value in (("train_steps", train_steps), ("max_length", max_length),
                         ("batch_size", batch_size)):
@@ -211,31 +257,7 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                          f"{train_weighting!r}.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    ranks = _plan_ranks_of(plan)
-    naming, layers, _ = layers_of(model)
-    naming_c, c_layers, _ = layers_of(compressed)
-    if naming_c != naming or len(c_layers) != len(layers) or any(
-            a.w_q.shape != b.w_q.shape for a, b in zip(layers, c_layers, strict=True)):
-        raise ValueError("`compressed` does not have the attention layers of `model` (is it "
-                         "the compress_heads copy of this model?).")
-    by_index = {layer.index: (layer, c_layer) for layer, c_layer in
-                zip(layers, c_layers, strict=True)}
-    d_h, n_heads = layers[0].head_dim, layers[0].n_heads
-    todo = {}
-    for key, rank in ranks.items():
-        try:
-            layer_index, head = (int(k) for k in key)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"`plan` keys must be (layer, head) pairs. Got {key!r}.") from exc
-        if layer_index not in by_index or not 0 <= head < n_heads:
-            raise ValueError(f"`plan` names head {layer_index}.{head}, which the model does "
-                             f"not have (layers {sorted(by_index)}, heads 0..{n_heads - 1}).")
-        if isinstance(rank, bool) or not isinstance(rank, Integral) or not (
-                0 <= rank <= d_h):
-            raise ValueError(f"`plan`: rank {rank!r} of head {layer_index}.{head} is not an "
-                             f"integer in [0, {d_h}].")
-        if 1 <= rank < d_h:
-            todo.setdefault(layer_index, []).append((head, int(rank)))
+    naming, by_index, todo = _planned_heads(model, compressed, plan)
     refined = copy.deepcopy(compressed)
     if naming == "llama":
         warnings.warn("Rotary heads are not refined (their rank-r forms keep whole rotation "
@@ -244,15 +266,7 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
         return refined
     torch = require("torch")
     causal = is_causal(model, naming)
-    for layer_index in sorted(todo):
-        layer, c_layer = by_index[layer_index]
-        cq, ck, _ = augmented_weights(c_layer)
-        for head, rank in todo[layer_index]:
-            g = int(c_layer.kv_index[head])
-            if np.any(cq[head][:, rank:] != 0) or np.any(ck[g][:, rank:] != 0):
-                raise ValueError(f"Head {layer_index}.{head} of `compressed` has query or key "
-                                 f"columns beyond its planned rank {rank}: is `plan` the plan "
-                                 "it was compressed with?")
+    d_h = next(iter(by_index.values()))[0].head_dim
     total, done = sum(len(v) for v in todo.values()), 0
     for layer_index in sorted(todo):
         layer, c_layer = by_index[layer_index]
@@ -279,6 +293,278 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                 progress(done, total)
         del batches, reference, inputs
     return refined
+
+
+OBJECTIVES = ("embedding", "hidden", "layers")
+
+
+def _trainable_masks(model, naming, by_index, todo):
+    """``{parameter name: bool mask}`` of the planned columns of the query and key projections."""
+    torch = require("torch")
+    params = dict(model.named_parameters())
+    masks = {}
+    for layer_index, heads in todo.items():
+        layer = by_index[layer_index][0]
+        q_name, k_name = _projection_names(naming, layer.attention_module)
+        for head, rank in heads:
+            for name, index, offset in ((q_name, head, 0), (k_name, int(layer.kv_index[head]), 1)):
+                for suffix in (".weight", ".bias"):
+                    if name + suffix not in params:
+                        continue
+                    p = params[name + suffix]
+                    mask = masks.setdefault(name + suffix, torch.zeros_like(p, dtype=torch.bool))
+                    d = layer.w_q.shape[1]
+                    if naming == "gpt2":  # Conv1D (d, 3 d): columns [query | key | value]
+                        cols = slice(offset * d + index * layer.head_dim,
+                                     offset * d + index * layer.head_dim + rank)
+                        mask[..., cols] = True
+                    else:  # nn.Linear (n_heads d_h, d): rows
+                        mask[index * layer.head_dim:index * layer.head_dim + rank] = True
+    return masks
+
+
+def _distillation_loss(objective, student, teacher, mask):
+    """The objective on one batch; ``student``, ``teacher``: tuples of hidden states.
+
+    The last entry is the last hidden state; for ``"layers"``, entry ``l >= 1`` is layer
+    ``l``'s output (entry 0, the embeddings, is frozen and skipped).
+    """
+    torch = require("torch")
+    m = mask[..., None].to(student[-1].dtype)
+    if objective == "embedding":
+        def pool(h):
+            return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1), dim=-1)
+        return 1.0 - (pool(student[-1]) * pool(teacher[-1])).sum(-1).mean()
+    pairs = zip(student[1:], teacher[1:], strict=True) if objective == "layers" else [
+        (student[-1], teacher[-1])]
+    losses = [(((s - t) * m) ** 2).sum() / ((t * m) ** 2).sum().clamp(min=1e-30)
+              for s, t in pairs]
+    return sum(losses) / len(losses)
+
+
+def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
+                       objective="embedding", max_epochs=10, learning_rate=1e-4,
+                       validation=0.2, patience=2, token_noise=0.0, max_length=64,
+                       batch_size=32, random_state=0, progress=None):
+    """Train a compressed model's planned query-key columns end to end against the original.
+
+    The rank-``r`` pairs of :func:`compress_heads` (and of :func:`refine_compressed`) are
+    fitted head by head (or layer by layer); here every planned head's query and key columns
+    ``:r`` (weights and biases) are trained at once, by Adam on the whole model's output
+    against the original's on the same texts (knowledge distillation), every other weight
+    frozen: the columns beyond each head's rank stay zero, the heads at rank 0 or ``d_h``,
+    the value maps, output projections, feed-forward layers and embeddings stay bit for bit
+    those of ``compressed``. A share ``validation`` of ``texts`` is held out for early
+    stopping: after each epoch the objective on it is measured, the best state is kept, and
+    training stops after ``patience`` epochs without improvement. If no epoch improves on the
+    start, ``compressed``'s weights are returned as they are.
+
+    Parameters
+    ----------
+    model : transformers model or path
+        The original model (or the directory of a saved one).
+    compressed : transformers model
+        Its compressed copy (:func:`compress_heads` with ``plan``, possibly refined); it is
+        not modified.
+    plan : ResultTable or mapping
+        The plan ``compressed`` was made with: a :func:`plan_ranks` table or ``{(layer,
+        head): rank}``. Each head at rank ``1 <= r < d_h`` is trained; its query and key
+        columns beyond ``r`` must be zero in ``compressed``.
+    texts : list of str
+        Calibration text, split into training and validation texts. Never the text the
+        distilled model is evaluated on.
+    tokenizer : transformers tokenizer, default=None
+        Needed unless ``model`` is a directory holding one.
+    objective : {"embedding", "hidden", "layers"}, default="embedding"
+        The loss against the original, averaged over the texts of a batch:
+        ``"embedding"``, one minus the cosine of the mean-pooled normalised last hidden
+        states (the sentence embedding); ``"hidden"``, the relative squared error of the last
+        hidden state over the batch's tokens; ``"layers"``, that relative error averaged over
+        every layer's output (layer-wise distillation).
+    max_epochs : int, default=10
+        Passes over the training texts at most.
+    learning_rate : float, default=1e-4
+        Adam's step size.
+    validation : float, default=0.2
+        Share of ``texts`` held out for early stopping, in ``(0, 1)``; at least one text.
+    patience : int, default=2
+        Epochs without a lower validation objective before training stops.
+    token_noise : float, default=0.0
+        If positive, every training step also distils on a copy of the batch in which each
+        token (padding and special tokens apart) is replaced, with this probability, by a
+        token drawn uniformly from the vocabulary, fresh at every step; the loss is the mean
+        of the two. The original labels nothing, so any input is training data: the noise
+        shows the pairs words and contexts the calibration text lacks. The validation
+        texts stay clean.
+    max_length : int, default=64
+        Tokens per text at most.
+    batch_size : int, default=32
+        Texts per step.
+    random_state : int, RandomState instance or None, default=0
+        The validation split and the order of the batches.
+    progress : callable, default=None
+        Called as ``progress(epoch, max_epochs)`` after each epoch.
+
+    Returns
+    -------
+    distilled : transformers model
+        A copy of ``compressed`` in which only the planned query and key columns differ. It
+        carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
+        (the objective on the clean training and validation texts, entry 0 before training,
+        entry ``e`` after epoch ``e``), ``best_epoch``, ``objective``. Rotary models are returned
+        untrained, with a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`.
+
+    See Also
+    --------
+    refine_compressed : re-fits each head's own output, layer by layer.
+
+    Examples
+    --------
+    >>> import transformers, torch
+    >>> from sklearn_ebound.heads import (compress_heads, distill_compressed,
+    ...                                   docstring_sentences, head_deficiency, plan_ranks)
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <...>
+    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+    ...                                  num_attention_heads=2, intermediate_size=16)
+    >>> model = transformers.BertModel(config)
+    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
+    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
+    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
+    >>> tokenize.pad_token = "[PAD]"
+    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:10]
+    >>> result = head_deficiency(model, texts, tokenizer=tokenize, methods=("data",))
+    >>> plan = plan_ranks(result, budget=0.5, method="data")
+    >>> compressed = compress_heads(model, result, plan, method="data")
+    >>> distilled = distill_compressed(model, compressed, plan, texts, tokenizer=tokenize,
+    ...                                max_epochs=2, batch_size=4)
+    >>> len(distilled.distillation_["validation_loss"])
+    3
+    """
+    from sklearn.utils import check_random_state
+
+    model, tokenizer = model_source(model, tokenizer)
+    texts = check_texts(texts, "texts")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"`objective` must be one of {list(OBJECTIVES)}. Got {objective!r}.")
+    for name, value in (("max_epochs", max_epochs), ("patience", patience),
+                        ("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Got {value!r}.")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, Real) or not (
+            0 < learning_rate < np.inf):
+        raise ValueError(f"`learning_rate` must be a positive float. Got {learning_rate!r}.")
+    if isinstance(validation, bool) or not isinstance(validation, Real) or not (
+            0 < validation < 1):
+        raise ValueError(f"`validation` must be a float in (0, 1). Got {validation!r}.")
+    if isinstance(token_noise, bool) or not isinstance(token_noise, Real) or not (
+            0 <= token_noise < 1):
+        raise ValueError(f"`token_noise` must be a float in [0, 1). Got {token_noise!r}.")
+    n_val = int(round(validation * len(texts)))
+    if not 1 <= n_val < len(texts):
+        raise ValueError(f"`validation`={validation} leaves {n_val} of the {len(texts)} texts "
+                         "for validation; it needs at least one, and one to train on.")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
+    naming, by_index, todo = _planned_heads(model, compressed, plan)
+    distilled = copy.deepcopy(compressed)
+    if naming == "llama":
+        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
+                      "planes and are not trained): the compressed model is returned as it "
+                      "is.", RankEstimationWarning, stacklevel=2)
+        return distilled
+    torch = require("torch")
+    rng = check_random_state(random_state)
+    order = rng.permutation(len(texts))
+    val_texts = [texts[i] for i in np.sort(order[:n_val])]
+    train_texts = [texts[i] for i in order[n_val:]]
+    masks = _trainable_masks(distilled, naming, by_index, todo)
+    params = dict(distilled.named_parameters())
+    flags = {name: p.requires_grad for name, p in params.items()}
+    for name, p in params.items():
+        p.requires_grad_(name in masks)
+    trainable = [params[name] for name in masks]
+    frozen = {name: params[name].detach().clone() for name in masks}
+    was_training = model.training
+    model.eval()
+    distilled.eval()  # no dropout: the objective is the deterministic model's
+
+    def batches(part):
+        out = []
+        for batch in token_batches(tokenizer, part, max_length, batch_size):
+            batch = dict(batch)
+            with torch.no_grad():
+                target = model(**batch, output_hidden_states=True).hidden_states
+            keep = target[-1:] if objective != "layers" else target
+            out.append((batch, tuple(t.detach() for t in keep)))
+        return out
+
+    def loss_of(batch, target):
+        hidden = distilled(**batch, output_hidden_states=True).hidden_states
+        return _distillation_loss(objective, hidden, target, batch["attention_mask"])
+
+    def evaluate(part):
+        with torch.no_grad():
+            losses = [float(loss_of(b, t)) * len(b["input_ids"]) for b, t in part]
+        return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
+
+    vocabulary = np.setdiff1d(np.arange(int(model.config.vocab_size)),
+                              list(getattr(tokenizer, "all_special_ids", None) or []))
+    special = torch.as_tensor(np.setdiff1d(np.arange(int(model.config.vocab_size)),
+                                           vocabulary))
+
+    def corrupt(batch):
+        """A copy of ``batch`` with a share ``token_noise`` of its tokens drawn at random."""
+        ids = batch["input_ids"]
+        keep = (batch["attention_mask"] == 0) | torch.isin(ids, special)
+        draw = torch.as_tensor(rng.random_sample(ids.shape) < token_noise) & ~keep
+        new = torch.as_tensor(vocabulary[rng.randint(len(vocabulary), size=ids.shape)],
+                              dtype=ids.dtype)
+        return dict(batch, input_ids=torch.where(draw, new, ids))
+
+    train, val = batches(train_texts), batches(val_texts)
+    optimizer = torch.optim.Adam(trainable, lr=float(learning_rate))
+    history = {"train_loss": [evaluate(train)], "validation_loss": [evaluate(val)]}
+    best, best_epoch, stale = history["validation_loss"][0], 0, 0
+    best_state = {name: params[name].detach().clone() for name in masks}
+    for epoch in range(1, max_epochs + 1):
+        for i in rng.permutation(len(train)):
+            batch, target = train[i]
+            optimizer.zero_grad()
+            loss = loss_of(batch, target)
+            if token_noise:
+                noisy = corrupt(batch)
+                with torch.no_grad():
+                    noisy_target = model(**noisy, output_hidden_states=True).hidden_states
+                loss = 0.5 * (loss + loss_of(noisy, noisy_target if objective == "layers"
+                                              else noisy_target[-1:]))
+            loss.backward()
+            for name, p in params.items():
+                if name in masks and p.grad is not None:
+                    p.grad.mul_(masks[name])
+            optimizer.step()
+            with torch.no_grad():  # every entry outside the planned columns as it was
+                for name in masks:
+                    params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
+        history["train_loss"].append(evaluate(train))
+        history["validation_loss"].append(evaluate(val))
+        if progress is not None:
+            progress(epoch, max_epochs)
+        if history["validation_loss"][-1] < best:
+            best, best_epoch, stale = history["validation_loss"][-1], epoch, 0
+            best_state = {name: params[name].detach().clone() for name in masks}
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    with torch.no_grad():
+        for name in masks:
+            params[name].copy_(best_state[name])
+    for name, p in params.items():
+        p.requires_grad_(flags[name])
+    model.train(was_training)
+    distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
+    return distilled
 
 
 def _embeddings(model, texts, tokenizer, max_length, batch_size):
