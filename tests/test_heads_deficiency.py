@@ -651,38 +651,50 @@ def test_sequential_refinement_brings_the_calibration_outputs_closer(word_tokeni
         assert np.all(wk[row["head"]][:, row["rank"]:] == 0)
 
 
-def test_refinement_skips_rotary_heads_and_checks_its_input(word_tokenizer, bert_result):
-    model, result = bert_result
-    tokenizer = word_tokenizer(60)
+# Refusals that every function taking a compressed model and its plan shares.
+PLAN_CHECKS = (
+    ({"progress": 3}, TypeError, "`progress` must be callable"),
+    ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
+    ({"plan": {(0, 0): 99}}, ValueError, "`plan`: rank 99 of head 0.0"),
+    ({"plan": {0: 2}}, ValueError, "`plan` keys must be"),
+    ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),
+    ({"texts": "one text"}, TypeError, "`texts` must be a list of strings"),
+    ({"compressed": {}}, TypeError, "`compressed` must be a Hugging Face model"),
+)
+
+
+def _check_refusals_and_rotary_skip(function, model, result, tokenizer, checks, skipped):
+    """``function(model, compressed, plan, texts, ...)`` refuses each of ``checks`` (and
+    :data:`PLAN_CHECKS`, another architecture, a plan the model was not compressed with), and
+    returns a rotary model's compressed copy untouched with the warning ``skipped``."""
     plan = plan_ranks(result, budget=0.5, method="data")
     compressed = compress_heads(model, result, plan, method="data")
-    for bad, error, match in (
-            ({"train_steps": 0}, ValueError, "`train_steps` must be a positive integer"),
-            ({"max_length": 1.5}, ValueError, "`max_length` must be a positive integer"),
-            ({"train_weighting": "heads"}, ValueError, "`train_weighting` must be 'tokens'"),
-            ({"progress": 3}, TypeError, "`progress` must be callable"),
-            ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
-            ({"plan": {(0, 0): 99}}, ValueError, "`plan`: rank 99 of head 0.0"),
-            ({"plan": {0: 2}}, ValueError, "`plan` keys must be"),
-            ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),
-            ({"texts": "one text"}, TypeError, "`texts` must be a list of strings"),
-            ({"compressed": {}}, TypeError, "`compressed` must be a Hugging Face model"),
-            ({"compressed": tiny("gpt2")}, ValueError, "`compressed` does not have the")):
+    other = ({"compressed": tiny("gpt2")}, ValueError, "`compressed` does not have the")
+    for bad, error, match in (*checks, *PLAN_CHECKS, other):
         args = dict(compressed=compressed, plan=plan, texts=TEXTS) | bad
         with pytest.raises(error, match=match):
-            refine_compressed(model, args.pop("compressed"), args.pop("plan"),
-                              args.pop("texts"), tokenizer=tokenizer, **args)
+            function(model, args.pop("compressed"), args.pop("plan"), args.pop("texts"),
+                     tokenizer=tokenizer, **args)
     # a plan the model was not compressed with: the head has columns beyond the rank
     with pytest.raises(ValueError, match="columns beyond its planned rank 1"):
-        refine_compressed(model, model, {(0, 0): 1}, TEXTS, tokenizer=tokenizer)
+        function(model, model, {(0, 0): 1}, TEXTS, tokenizer=tokenizer)
     llama = tiny("llama")
     rotary = head_deficiency(llama, TEXTS, tokenizer=tokenizer, methods=("data",))
     rotary_plan = plan_ranks(rotary, budget=0.5, method="data")
     small = compress_heads(llama, rotary, rotary_plan, method="data")
-    with pytest.warns(RankEstimationWarning, match="Rotary heads are not refined"):
-        same = refine_compressed(llama, small, rotary_plan, TEXTS, tokenizer=tokenizer)
+    with pytest.warns(RankEstimationWarning, match=skipped):
+        same = function(llama, small, rotary_plan, TEXTS, tokenizer=tokenizer)
     assert same is not small
     assert all(torch.equal(v, same.state_dict()[k]) for k, v in small.state_dict().items())
+
+
+def test_refinement_skips_rotary_heads_and_checks_its_input(word_tokenizer, bert_result):
+    model, result = bert_result
+    _check_refusals_and_rotary_skip(refine_compressed, model, result, word_tokenizer(60), (
+        ({"train_steps": 0}, ValueError, "`train_steps` must be a positive integer"),
+        ({"max_length": 1.5}, ValueError, "`max_length` must be a positive integer"),
+        ({"train_weighting": "heads"}, ValueError, "`train_weighting` must be 'tokens'"),
+    ), "Rotary heads are not refined")
 
 
 def _mean_embedding_cosine(model, other, texts, tokenizer):
@@ -771,36 +783,14 @@ def test_distillation_on_noisy_copies_of_the_text(word_tokenizer):
 
 def test_distillation_checks_its_input_and_skips_rotary_heads(word_tokenizer, bert_result):
     model, result = bert_result
-    tokenizer = word_tokenizer(60)
-    plan = plan_ranks(result, budget=0.5, method="data")
-    compressed = compress_heads(model, result, plan, method="data")
-    for bad, error, match in (
-            ({"objective": "logits"}, ValueError, "`objective` must be one of"),
-            ({"max_epochs": 0}, ValueError, "`max_epochs` must be a positive integer"),
-            ({"patience": 1.5}, ValueError, "`patience` must be a positive integer"),
-            ({"batch_size": True}, ValueError, "`batch_size` must be a positive integer"),
-            ({"learning_rate": -1.0}, ValueError, "`learning_rate` must be a positive"),
-            ({"learning_rate": "1e-3"}, ValueError, "`learning_rate` must be a positive"),
-            ({"validation": 1.0}, ValueError, r"`validation` must be a float in \(0, 1\)"),
-            ({"validation": 0.01}, ValueError, "`validation`=0.01 leaves 0 of the"),
-            ({"token_noise": 1.0}, ValueError, r"`token_noise` must be a float in \[0, 1\)"),
-            ({"progress": 3}, TypeError, "`progress` must be callable"),
-            ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
-            ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),
-            ({"texts": "one text"}, TypeError, "`texts` must be a list of strings"),
-            ({"compressed": {}}, TypeError, "`compressed` must be a Hugging Face model"),
-            ({"compressed": tiny("gpt2")}, ValueError, "`compressed` does not have the")):
-        args = dict(compressed=compressed, plan=plan, texts=TEXTS) | bad
-        with pytest.raises(error, match=match):
-            distill_compressed(model, args.pop("compressed"), args.pop("plan"),
-                               args.pop("texts"), tokenizer=tokenizer, **args)
-    with pytest.raises(ValueError, match="columns beyond its planned rank 1"):
-        distill_compressed(model, model, {(0, 0): 1}, TEXTS, tokenizer=tokenizer)
-    llama = tiny("llama")
-    rotary = head_deficiency(llama, TEXTS, tokenizer=tokenizer, methods=("data",))
-    rotary_plan = plan_ranks(rotary, budget=0.5, method="data")
-    small = compress_heads(llama, rotary, rotary_plan, method="data")
-    with pytest.warns(RankEstimationWarning, match="Rotary heads are not distilled"):
-        same = distill_compressed(llama, small, rotary_plan, TEXTS, tokenizer=tokenizer)
-    assert same is not small
-    assert all(torch.equal(v, same.state_dict()[k]) for k, v in small.state_dict().items())
+    _check_refusals_and_rotary_skip(distill_compressed, model, result, word_tokenizer(60), (
+        ({"objective": "logits"}, ValueError, "`objective` must be one of"),
+        ({"max_epochs": 0}, ValueError, "`max_epochs` must be a positive integer"),
+        ({"patience": 1.5}, ValueError, "`patience` must be a positive integer"),
+        ({"batch_size": True}, ValueError, "`batch_size` must be a positive integer"),
+        ({"learning_rate": -1.0}, ValueError, "`learning_rate` must be a positive"),
+        ({"learning_rate": "1e-3"}, ValueError, "`learning_rate` must be a positive"),
+        ({"validation": 1.0}, ValueError, r"`validation` must be a float in \(0, 1\)"),
+        ({"validation": 0.01}, ValueError, "`validation`=0.01 leaves 0 of the"),
+        ({"token_noise": 1.0}, ValueError, r"`token_noise` must be a float in \[0, 1\)"),
+    ), "Rotary heads are not distilled")
