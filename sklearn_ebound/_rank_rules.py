@@ -972,6 +972,11 @@ def calibrated_threshold_rule(moments, operator, significance, sample=None, rng=
                    caveats=(caveat, *reading.caveats)), operator
 
 
+# Residual degrees of freedom beyond the targets' number for the residuals' covariance to
+# whiten the directions the influence check reads (fewer leave its inverse too noisy).
+_WHITENING_EXTRA_DOF = 30
+
+
 def _checked_for_influence(reading, sample, moments, operator, significance, rng):
     """``reading`` of the Gaussian rule with its accepted directions checked for being
     carried by a handful of rows that the other rows contradict
@@ -989,7 +994,7 @@ def _checked_for_influence(reading, sample, moments, operator, significance, rng
     # from the signal the others carry instead of mixing with it.
     values, vectors = operator.residual_covariance_eigh
     metric = np.eye(raw.shape[1])
-    if operator.residual_dof > raw.shape[1] + _MIN_CLUSTERS:
+    if operator.residual_dof > raw.shape[1] + _WHITENING_EXTRA_DOF:
         floor = max(values.max(), 0) * 1e-12
         metric = (vectors / np.sqrt(np.maximum(values, floor))) @ vectors.T
     directions = metric @ np.linalg.svd(raw @ metric, full_matrices=False)[2][: reading.rank].T
