@@ -10,7 +10,9 @@ evaluation), then:
   trained);
 * the compressed model at a budget of 40% of the full query-key rank (greedy plan on the
   data-aware curves; its ranks then trained in a second pass), its embedding cosine to the
-  original on held-out text (other modules' docstrings) and on the evaluation half;
+  original on held-out text (other modules' docstrings), on test text (``--n-test``
+  sentences of the calibration modules that no step uses: neither the curves, nor the plan,
+  nor any training or early stopping) and on the evaluation half (which chose the plan);
 * the allocations side by side at 30% and 40%: greedy by relative error, greedy by the
   heads' residual-stream error, and the latter protecting the worst 10% of the evaluation
   texts, each with data-aware and trained pairs;
@@ -49,6 +51,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-texts", type=int, default=500)
     parser.add_argument("--n-held-out", type=int, default=300)
+    parser.add_argument("--n-test", type=int, default=300,
+                        help="sentences of the calibration modules outside --n-texts that no "
+                             "step uses, the compressed models' test text")
     parser.add_argument("--train-steps", type=int, default=15)
     parser.add_argument("--train-heads", default="0,6",
                         help="heads (in every layer) whose trained pairs are searched")
@@ -119,10 +124,15 @@ def main(argv=None):
         keep = np.random.default_rng(0).choice(len(corpus), min(args.n_texts, len(corpus)),
                                                replace=False)
         texts = [corpus[i] for i in np.sort(keep)]
+        rest = np.setdiff1d(np.arange(len(corpus)), keep)
+        test = [corpus[i] for i in np.sort(np.random.default_rng(1).choice(
+            rest, min(args.n_test, len(rest)), replace=False))]
     else:
         texts = corpus[:args.n_texts]
+        test = corpus[args.n_texts:args.n_texts + args.n_test]
     print(f"{len(texts)} calibration+evaluation sentences, {len(held_out)} held-out sentences "
-          f"(other modules), torch threads {args.threads}, calibration text {args.modules}, "
+          f"(other modules), {len(test)} test sentences (the same modules, unused), "
+          f"torch threads {args.threads}, calibration text {args.modules}, "
           f"calibration share {args.calibration}")
     # the options of the data-aware forms and of the training, in every call
     forms = dict(calibration=args.calibration, shrinkage=args.shrinkage)
@@ -237,16 +247,19 @@ def main(argv=None):
         compressed = (refined[0.4] if method == label
                       else compress_heads(model, tuned, plan, method=method))
         fidelity = {name: embedding_fidelity(model, compressed, part, tokenizer)
-                    for name, part in (("held_out", held_out), ("evaluation", evaluation))}
+                    for name, part in (("held_out", held_out), ("test", test),
+                                       ("evaluation", evaluation))}
         fidelities[method] = fidelity
-        print(f"Plan at 40% budget (used {plan.budget_used:.3f}), {method} pairs: held-out "
-              f"cosine mean {fidelity['held_out'].mean_cosine:.4f}, min "
-              f"{fidelity['held_out'].min_cosine:.4f}; evaluation-half cosine mean "
-              f"{fidelity['evaluation'].mean_cosine:.4f}, min "
+        print(f"Plan at 40% budget (used {plan.budget_used:.3f}), {method} pairs, cosine mean "
+              f"/ min: held-out {fidelity['held_out'].mean_cosine:.4f} / "
+              f"{fidelity['held_out'].min_cosine:.4f}; test {fidelity['test'].mean_cosine:.4f} "
+              f"/ {fidelity['test'].min_cosine:.4f}; evaluation half "
+              f"{fidelity['evaluation'].mean_cosine:.4f} / "
               f"{fidelity['evaluation'].min_cosine:.4f}", flush=True)
-        cosines = fidelity["held_out"].column("cosine")
-        print("  worst held-out sentences: " + "; ".join(
-            f"{cosines[i]:.4f} {held_out[i][:70]!r}" for i in np.argsort(cosines)[:3]))
+        for name, part in (("held-out", held_out), ("test", test)):
+            cosines = fidelity[name.replace("-", "_")].column("cosine")
+            print(f"  worst {name} sentences: " + "; ".join(
+                f"{cosines[i]:.4f} {part[i][:70]!r}" for i in np.argsort(cosines)[:3]))
     from sklearn_ebound._results import ResultTable
 
     rows = []
@@ -280,30 +293,39 @@ def main(argv=None):
     start = time.perf_counter()
     frontier = compression_frontier(model, result, held_out, tokenizer, budgets=BUDGETS,
                                     strategies=("uniform", "weight", "data", "plan"))
-    trained_plan = []
-    for budget, p in plans.items():
-        cos = embedding_fidelity(model, compress_heads(model, tuned, p, method="trained"),
-                                 held_out, tokenizer)
-        trained_plan.append({"strategy": "plan, trained", "budget": budget,
-                             "budget_used": p.budget_used, "mean_cosine": cos.mean_cosine,
-                             "min_cosine": cos.min_cosine})
-    for budget, m in refined.items():
-        cos = embedding_fidelity(model, m, held_out, tokenizer)
-        trained_plan.append({"strategy": f"plan, {label}", "budget": budget,
-                             "budget_used": plans[budget].budget_used,
-                             "mean_cosine": cos.mean_cosine, "min_cosine": cos.min_cosine})
+    trained_plan, test_rows = [], []
+    for strategy, models in (("plan, trained", {
+            b: compress_heads(model, tuned, p, method="trained") for b, p in plans.items()}),
+            (f"plan, {label}", refined)):
+        for budget, m in models.items():
+            cos = embedding_fidelity(model, m, held_out, tokenizer)
+            trained_plan.append({"strategy": strategy, "budget": budget,
+                                 "budget_used": plans[budget].budget_used,
+                                 "mean_cosine": cos.mean_cosine, "min_cosine": cos.min_cosine})
+            cos = embedding_fidelity(model, m, test, tokenizer)
+            test_rows.append(dict(trained_plan[-1], mean_cosine=cos.mean_cosine,
+                                  min_cosine=cos.min_cosine))
+    test_frontier = ResultTable(test_rows)
     frontier = ResultTable(frontier.rows + trained_plan, **frontier.meta)
     print(f"\nBudget-fidelity frontier on held-out text ({time.perf_counter() - start:.1f} s):")
     print(frontier.format())
+    print("\n... and on the test text (the calibration modules' sentences no step used):")
+    print(test_frontier.format())
     for strategy in ("uniform", "weight", "data", "plan", "plan, trained") + (
             (f"plan, {label}",) if refined else ()):
         ok = [r["budget_used"] for r in frontier.rows
               if r["strategy"] == strategy and r["mean_cosine"] >= 0.99]
         print(f"smallest budget with mean cosine >= 0.99, {strategy}: "
               + (f"{min(ok):.3f}" if ok else "none measured"))
+    for strategy in ("plan, trained",) + ((f"plan, {label}",) if refined else ()):
+        ok = [r["budget_used"] for r in test_frontier.rows
+              if r["strategy"] == strategy and r["mean_cosine"] >= 0.99]
+        print(f"... on the test text, {strategy}: "
+              + (f"{min(ok):.3f}" if ok else "none measured"))
     if args.out:
         payload = {"summary": summary.to_dict(), "agreement": agreement.to_dict(),
                    "predictors": predictors.to_dict(), "frontier": frontier.to_dict(),
+                   "test_frontier": test_frontier.to_dict(),
                    "plan": plan.to_dict(), "deficiency": result.to_dict(),
                    "trained": trained.to_dict(),
                    "fidelity": {k: v.meta for k, v in fidelities["trained"].items()},
