@@ -13,7 +13,7 @@ from sklearn_ebound.exceptions import RankEstimationWarning
 
 @pytest.mark.parametrize("kind", ["linear", "softmax"])
 def test_naive_static_transfer_fails(kind):
-    X, Y, params = make_attention_task(kind, 500, 32, 8, rank=2, noise=0.1, random_state=0,
+    X, Y, params = make_attention_task(kind, 1000, 32, 8, rank=2, noise=0.1, random_state=0,
                                        return_params=True)
     # The static operator misfits attention data, and its residuals say so.
     with pytest.warns(RankEstimationWarning, match="The residuals fail"):

@@ -53,7 +53,7 @@ def test_rank_sweep_needs_ranks():
 
 
 def test_interpolation_ladder_localises_the_failure():
-    result = interpolation_ladder(n_samples=1000, n_tokens=16, n_features=4, rank=3,
+    result = interpolation_ladder(n_samples=2000, n_tokens=16, n_features=4, rank=3,
                                   logit_scales=(0.5, 1.0, 4.0), random_state=0)
     rows = {(r["rung"], r["logit_scale"]): r for r in result.rows}
     # Rungs 0-1 and the static softmax at small logit scales: a static reading recovers r*.
