@@ -19,13 +19,23 @@ flagged where the rows that carry it also contradict what the other rows predict
 (:func:`influential_directions`): a real direction of heavy-tailed inputs is concentrated too,
 but its rows follow the same model as the rest.
 
+A combination of the accepted directions gets a third test where its concentration alone does
+not decide: the inputs' own leverage rows make the same search in a random subspace nearly as
+concentrated as a cluster of outlying rows, so that even a subspace aligned with the cluster
+cannot be told apart at the test's level. Its rows' residuals, whitened by the noise of the
+other rows, are then tested for pointing along fewer target directions than noise does
+(:func:`_anisotropy`): a cluster's shift (or the model it was drawn from) is one of a few
+directions, noise spreads over all of them, and the test's statistic does not change with each
+row's noise scale, so that input-dependent noise leaves it valid where it is not for the
+deletion test.
+
 Pure functions: nothing here sets state or warns.
 """
 
 import math
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 __all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "influence_caveat",
            "widened_interval"]
@@ -34,6 +44,12 @@ __all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "inf
 N_DIRECTIONS = 200
 # Residual degrees of freedom beyond the targets' number for the deletion test to whiten them.
 _MIN_EXTRA_DOF = 10
+# A combination whose concentration p-value is above the test's level is still flagged where it
+# is at least as concentrated as the median random subspace's, its rows contradict the others
+# (deletion) and their residuals point along fewer directions than noise (anisotropy), by at
+# least this share of the room between the noise's top share and all of them along one.
+_MAX_COMBINATION_CONCENTRATION = 0.5
+_MIN_EXCESS_SHARE = 0.1
 
 
 def participation_ratio(values, axis=0):
@@ -92,7 +108,9 @@ def influential_directions(basis, fitted, residual, directions, significance, rn
         accepted directions both tests reject), ``"n_rows"`` and ``"level"``; where more
         than one direction is accepted and none is flagged, ``"combination"``: the same
         tests on the most concentrated combination of them (its ``"participation"``,
-        ``"concentration_p_value"``, ``"deletion_p_value"`` and ``"flagged"``).
+        ``"concentration_p_value"``, ``"deletion_p_value"``, ``"anisotropy_p_value"`` and
+        ``"excess_share"`` (``1.0`` and ``0.0`` where that test was not run) and
+        ``"flagged"``).
     """
     n_rows, n_accepted = fitted.shape[0], directions.shape[1]
     result = {"n_rows": int(n_rows), "level": float(significance), "participation": [],
@@ -161,12 +179,17 @@ def _concentrated_combination(basis, gram_inverse, residual, values, significanc
     The deletion test of its rows first (under Gaussian noise it keeps its level whatever
     the fitted values chose); where it rejects, the concentration against the same search
     run in random subspaces of the inputs' column space of the same dimension (a subspace
-    spread over the rows as the inputs spread them), ``n_subspaces`` of them."""
+    spread over the rows as the inputs spread them), ``n_subspaces`` of them. Where that is
+    not below ``significance`` but the combination is at least as concentrated as the median
+    random subspace's, the anisotropy test of its rows (:func:`_anisotropy`) decides: the
+    combination is flagged where it rejects at ``significance`` with an excess share of at
+    least ``_MIN_EXCESS_SHARE``."""
     U = np.linalg.svd(values, full_matrices=False)[0]
     a = _most_concentrated(U)
     observed = float(participation_ratio(a))
     deletion = _deletion_p_value(basis, gram_inverse, residual, a, observed)
     concentration = 1.0
+    anisotropy, excess = 1.0, 0.0
     if deletion <= significance:
         draws = basis @ rng.standard_normal((n_subspaces, basis.shape[1], U.shape[1]))
         null = participation_ratio(_most_concentrated(np.linalg.qr(draws)[0]), axis=-1)
@@ -174,9 +197,16 @@ def _concentrated_combination(basis, gram_inverse, residual, values, significanc
         spread = float(np.std(null, ddof=1))
         if spread > 0:
             concentration = float(special.ndtr((math.log(observed) - np.mean(null)) / spread))
+        if significance < concentration <= _MAX_COMBINATION_CONCENTRATION:
+            anisotropy, excess = _anisotropy(basis, gram_inverse, residual, a, observed, rng,
+                                             n_subspaces)
+    flagged = deletion <= significance and (
+        concentration <= significance
+        or (concentration <= _MAX_COMBINATION_CONCENTRATION and anisotropy <= significance
+            and excess >= _MIN_EXCESS_SHARE))
     return {"participation": observed, "concentration_p_value": concentration,
-            "deletion_p_value": deletion,
-            "flagged": bool(concentration <= significance and deletion <= significance)}
+            "deletion_p_value": deletion, "anisotropy_p_value": anisotropy,
+            "excess_share": excess, "flagged": bool(flagged)}
 
 
 def _n_flagged(result):
@@ -185,9 +215,11 @@ def _n_flagged(result):
     return len(result["flagged"]) or int(bool(combination.get("flagged")))
 
 
-def _deletion_p_value(basis, gram_inverse, residual, values, participation):
-    """P-value of the mean-shift outlier test of the ``ceil(participation)`` rows of largest
-    ``|values|`` (:func:`influential_directions`), on every target."""
+def _deleted_rows(basis, gram_inverse, residual, values, participation):
+    """The rows ``S`` (the ``ceil(participation)`` of largest ``|values|``) and what the
+    deletion and anisotropy tests read of them: ``I - H_SS``, their deleted residuals, the noise
+    covariance of the fit without them (full where the degrees of freedom allow it, else its
+    diagonal), its bias factor and degrees of freedom; ``None`` where ``I - H_SS`` is singular."""
     n_rows, k_x = basis.shape
     n_targets = residual.shape[1]
     m = min(max(1, math.ceil(participation)), n_rows - k_x - 2)
@@ -195,30 +227,114 @@ def _deletion_p_value(basis, gram_inverse, residual, values, participation):
     dof = n_rows - m - k_x - 1
     # The hat matrix on the rows S, the intercept's 1 / n included (the basis is centred).
     hat = basis[rows] @ gram_inverse @ basis[rows].T + 1.0 / n_rows
+    kept = np.eye(m) - hat
     try:
         # (I - H_SS) is positive definite unless the rows alone span an input direction.
-        deleted = np.linalg.solve(np.eye(m) - hat, residual[rows])
+        deleted = np.linalg.solve(kept, residual[rows])
     except np.linalg.LinAlgError:
-        return 1.0
+        return None
     # The residual cross-products of the fit without the rows S: R^T R - r_S^T (I - H_SS)^-1
     # r_S (what the full fit's residuals of the other rows would overstate where the rows S
     # pull the fit). They whiten the targets where they estimate the covariance well
     # (corrected for the bias of its inverse), else their diagonal scales them.
     refit = residual.T @ residual - residual[rows].T @ deleted
-    if dof > n_targets + _MIN_EXTRA_DOF:
+    full = dof > n_targets + _MIN_EXTRA_DOF
+    if full:
         covariance = refit / dof
         factor = (dof - n_targets - 1) / dof
     else:
         covariance = np.diag(np.clip(np.diagonal(refit), 0, None) / max(dof, 1))
         factor = 1.0
+    return {"rows": rows, "kept": kept, "deleted": deleted, "covariance": covariance,
+            "full": full, "factor": factor, "dof": dof}
+
+
+def _deletion_p_value(basis, gram_inverse, residual, values, participation):
+    """P-value of the mean-shift outlier test of the ``ceil(participation)`` rows of largest
+    ``|values|`` (:func:`influential_directions`), on every target."""
+    rows = _deleted_rows(basis, gram_inverse, residual, values, participation)
+    if rows is None:
+        return 1.0
     try:
-        whitened = np.linalg.solve(covariance, residual[rows].T)
+        whitened = np.linalg.solve(rows["covariance"], residual[rows["rows"]].T)
     except np.linalg.LinAlgError:
         return 1.0
-    statistic = factor * float(np.einsum("ij,ji->", deleted, whitened))
+    statistic = rows["factor"] * float(np.einsum("ij,ji->", rows["deleted"], whitened))
     if not np.isfinite(statistic) or statistic < 0:
         return 1.0
-    return float(special.chdtrc(m * n_targets, statistic))
+    return float(special.chdtrc(len(rows["rows"]) * residual.shape[1], statistic))
+
+
+def _top_share(directions):
+    """The largest eigenvalue of ``Uᵀ U / m`` for the ``m`` unit rows ``U`` of ``directions``
+    (a stack ``(..., m, q)``): the share of the rows' directions along the one they most share
+    (``1 / q`` on average for directions uniform on the sphere, ``1`` for all along one)."""
+    m, q = directions.shape[-2:]
+    T = np.swapaxes(directions, -1, -2)
+    gram = T @ directions if q <= m else directions @ T
+    return np.linalg.eigvalsh(gram)[..., -1] / m
+
+
+def _inverse_sqrt(matrix):
+    """``matrix^{-1/2}`` of a symmetric positive definite matrix (a stack of them)."""
+    values, vectors = np.linalg.eigh(matrix)
+    floor = np.maximum(values.max(axis=-1, keepdims=True), 0) * 1e-12
+    scale = 1 / np.sqrt(np.maximum(values, np.maximum(floor, np.finfo(float).tiny)))
+    return (vectors * scale[..., None, :]) @ np.swapaxes(vectors, -1, -2)
+
+
+def _anisotropy(basis, gram_inverse, residual, values, participation, rng, n_draws):
+    """Do the residuals of the rows ``S`` that carry ``values`` point along fewer target
+    directions than noise does? ``(p_value, excess_share)``.
+
+    The rows' residuals are decorrelated on the row side by ``(I - H_SS)^{-1/2}`` (rows of
+    covariance ``Sigma`` each under the linear model), whitened by the noise covariance of the
+    fit without them, and scaled to unit length: a row's direction, whatever its noise scale
+    (input-dependent noise changes the scale of a row, not the direction of its noise). The
+    statistic is the share of these directions along the one they most share
+    (:func:`_top_share`). Its null law is that of ``m`` Gaussian rows whitened by an independent
+    Wishart estimate of their covariance, ``n_draws`` of them, with the degrees of freedom the
+    other rows' residual energies leave it (``(sum w)^2 / sum w^2`` for energies ``w``: fewer
+    where the noise scale varies over the rows); a normal law of its logarithm fitted to them
+    gives the p-value. ``excess_share`` is the observed share's excess over the null median, as
+    a part of the room between that median and ``1``.
+    """
+    n_targets = residual.shape[1]
+    rows = _deleted_rows(basis, gram_inverse, residual, values, participation)
+    if rows is None or n_targets < 2:
+        return 1.0, 0.0
+    S = rows["rows"]
+    m = len(S)
+    others = np.ones(len(residual), dtype=bool)
+    others[S] = False
+    energy = np.einsum("ij,ij->i", residual[others], residual[others])
+    total = float(energy.sum())
+    if total <= 0:
+        return 1.0, 0.0
+    dof = min(float(rows["dof"]), total**2 / float(energy @ energy))
+    if dof <= n_targets + 1:
+        return 1.0, 0.0
+    decorrelated = _inverse_sqrt(rows["kept"]) @ residual[S] @ _inverse_sqrt(rows["covariance"])
+    lengths = np.linalg.norm(decorrelated, axis=1, keepdims=True)
+    if np.any(lengths <= 0):
+        return 1.0, 0.0
+    observed = float(_top_share(decorrelated / lengths))
+    # The null: Gaussian rows whitened as the observed ones were, by a Wishart estimate of
+    # their covariance (its diagonal where the observed whitening is diagonal).
+    scale = np.eye(n_targets) / dof
+    estimate = stats.wishart(df=dof, scale=scale).rvs(size=n_draws, random_state=rng)
+    estimate = estimate.reshape(n_draws, n_targets, n_targets)
+    if not rows["full"]:
+        estimate = estimate * np.eye(n_targets)
+    draws = rng.standard_normal((n_draws, m, n_targets)) @ _inverse_sqrt(estimate)
+    null = np.log(_top_share(draws / np.linalg.norm(draws, axis=-1, keepdims=True)))
+    spread = float(np.std(null, ddof=1))
+    if not spread > 0:
+        return 1.0, 0.0
+    p_value = float(special.ndtr(-(math.log(observed) - np.mean(null)) / spread))
+    median = float(np.exp(np.median(null)))
+    excess = (observed - median) / (1 - median) if median < 1 else 0.0
+    return p_value, float(excess)
 
 
 def influence_caveat(result):
