@@ -283,14 +283,55 @@ def _inverse_sqrt(matrix):
     return (vectors * scale[..., None, :]) @ np.swapaxes(vectors, -1, -2)
 
 
+def _row_decorrelated(basis, gram_inverse, residual, rows, others):
+    """The deleted residuals of the rows ``S``, whitened on the target side by the noise
+    covariance of the fit without them and decorrelated on the row side by their
+    heteroscedasticity-consistent covariance.
+
+    A deleted residual is the row's own noise less the error of the fit without the rows
+    ``S`` at its inputs, ``e_S = E_S - A_S (beta_(-S) - beta)``, ``A`` the inputs' basis with
+    the intercept. The fit's error is shared by the rows (it has ``rank X`` directions), and
+    where a row's own noise is far weaker than the others' it is what the row's residual
+    shows, so its covariance is estimated from the other rows' residual scales (the sandwich
+    ``A_S G_(-S)^-1 (sum_j a_j a_jᵀ s_j^2) G_(-S)^-1 A_Sᵀ``, ``s_j^2`` the row's whitened
+    residual energy per target over ``1 - h_jj``), and each row's own scale is what its
+    energy holds beyond it; rows whose own scale is not above the fit's error at them are left
+    out. Under noise of one scale this is about ``(I - H_SS)^{-1/2} r_S``. ``None`` where
+    fewer than two rows are left."""
+    S = rows["rows"]
+    n_rows, n_targets = residual.shape
+    whitening = _inverse_sqrt(rows["covariance"])
+    deleted = rows["deleted"] @ whitening
+    design = np.hstack([basis, np.full((n_rows, 1), 1 / math.sqrt(n_rows))])
+    gram = design[others].T @ design[others]
+    gram_pinv = np.linalg.pinv(gram)
+    white = residual[others] @ whitening
+    hat = np.einsum("ij,jk,ik->i", design[others], gram_pinv, design[others])
+    scales = np.einsum("ij,ij->i", white, white) / n_targets / np.clip(1 - hat, 1e-3, None)
+    meat = (design[others] * scales[:, None]).T @ design[others]
+    bread = design[S] @ gram_pinv
+    shared = bread @ meat @ bread.T
+    own = np.einsum("ij,ij->i", deleted, deleted) / n_targets - np.diagonal(shared)
+    # A row whose residual is mostly the fit's error tells nothing of its own noise's
+    # direction (several such rows share the error's few directions): it is left out.
+    informative = own > np.diagonal(shared)
+    if informative.sum() < 2:
+        return None
+    covariance = shared[np.ix_(informative, informative)] + np.diag(own[informative])
+    if not np.all(np.isfinite(covariance)):
+        return None
+    return _inverse_sqrt(covariance) @ deleted[informative]
+
+
 def _anisotropy(basis, gram_inverse, residual, values, participation, rng, n_draws):
     """Do the residuals of the rows ``S`` that carry ``values`` point along fewer target
     directions than noise does? ``(p_value, excess_share)``.
 
-    The rows' residuals are decorrelated on the row side by ``(I - H_SS)^{-1/2}`` (rows of
-    covariance ``Sigma`` each under the linear model), whitened by the noise covariance of the
-    fit without them, and scaled to unit length: a row's direction, whatever its noise scale
-    (input-dependent noise changes the scale of a row, not the direction of its noise). The
+    The rows' deleted residuals are whitened by the noise covariance of the fit without them,
+    decorrelated on the row side (:func:`_row_decorrelated`: rows of covariance ``Sigma``
+    each under the linear model, whatever their noise scales) and scaled to unit length: a
+    row's direction, whatever its noise scale (input-dependent noise changes the scale of a
+    row, not the direction of its noise). The
     statistic is the share of these directions along the one they most share
     (:func:`_top_share`). Its null law is that of ``m`` Gaussian rows whitened by an independent
     Wishart estimate of their covariance, ``n_draws`` of them, with the degrees of freedom the
@@ -314,7 +355,10 @@ def _anisotropy(basis, gram_inverse, residual, values, participation, rng, n_dra
     dof = min(float(rows["dof"]), total**2 / float(energy @ energy))
     if dof <= n_targets + 1:
         return 1.0, 0.0
-    decorrelated = _inverse_sqrt(rows["kept"]) @ residual[S] @ _inverse_sqrt(rows["covariance"])
+    decorrelated = _row_decorrelated(basis, gram_inverse, residual, rows, others)
+    if decorrelated is None:
+        return 1.0, 0.0
+    m = len(decorrelated)
     lengths = np.linalg.norm(decorrelated, axis=1, keepdims=True)
     if np.any(lengths <= 0):
         return 1.0, 0.0
