@@ -19,13 +19,23 @@ flagged where the rows that carry it also contradict what the other rows predict
 (:func:`influential_directions`): a real direction of heavy-tailed inputs is concentrated too,
 but its rows follow the same model as the rest.
 
+A combination of the accepted directions gets a third test where its concentration alone does
+not decide: the inputs' own leverage rows make the same search in a random subspace nearly as
+concentrated as a cluster of outlying rows, so that even a subspace aligned with the cluster
+cannot be told apart at the test's level. Its rows' residuals, whitened by the noise of the
+other rows, are then tested for pointing along fewer target directions than noise does
+(:func:`_anisotropy`): a cluster's shift (or the model it was drawn from) is one of a few
+directions, noise spreads over all of them, and the test's statistic does not change with each
+row's noise scale, so that input-dependent noise leaves it valid where it is not for the
+deletion test.
+
 Pure functions: nothing here sets state or warns.
 """
 
 import math
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 __all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "influence_caveat",
            "widened_interval"]
@@ -34,6 +44,12 @@ __all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "inf
 N_DIRECTIONS = 200
 # Residual degrees of freedom beyond the targets' number for the deletion test to whiten them.
 _MIN_EXTRA_DOF = 10
+# A combination whose concentration p-value is above the test's level is still flagged where it
+# is at least as concentrated as the median random subspace's, its rows contradict the others
+# (deletion) and their residuals point along fewer directions than noise (anisotropy), by at
+# least this share of the room between the noise's top share and all of them along one.
+_MAX_COMBINATION_CONCENTRATION = 0.5
+_MIN_EXCESS_SHARE = 0.1
 
 
 def participation_ratio(values, axis=0):
@@ -92,7 +108,9 @@ def influential_directions(basis, fitted, residual, directions, significance, rn
         accepted directions both tests reject), ``"n_rows"`` and ``"level"``; where more
         than one direction is accepted and none is flagged, ``"combination"``: the same
         tests on the most concentrated combination of them (its ``"participation"``,
-        ``"concentration_p_value"``, ``"deletion_p_value"`` and ``"flagged"``).
+        ``"concentration_p_value"``, ``"deletion_p_value"``, ``"anisotropy_p_value"`` and
+        ``"excess_share"`` (``1.0`` and ``0.0`` where that test was not run) and
+        ``"flagged"``).
     """
     n_rows, n_accepted = fitted.shape[0], directions.shape[1]
     result = {"n_rows": int(n_rows), "level": float(significance), "participation": [],
@@ -161,38 +179,60 @@ def _concentrated_combination(basis, gram_inverse, residual, values, significanc
     The deletion test of its rows first (under Gaussian noise it keeps its level whatever
     the fitted values chose); where it rejects, the concentration against the same search
     run in random subspaces of the inputs' column space of the same dimension (a subspace
-    spread over the rows as the inputs spread them), ``n_subspaces`` of them."""
+    spread over the rows as the inputs spread them), ``n_subspaces`` of them. Where that is
+    not below ``significance`` but the combination is at least as concentrated as the median
+    random subspace's, the anisotropy test of its rows (:func:`_anisotropy`) decides: the
+    combination is flagged where it rejects at ``significance`` with an excess share of at
+    least ``_MIN_EXCESS_SHARE``."""
     U = np.linalg.svd(values, full_matrices=False)[0]
     a = _most_concentrated(U)
     observed = float(participation_ratio(a))
     deletion = _deletion_p_value(basis, gram_inverse, residual, a, observed)
     concentration = 1.0
+    anisotropy, excess = 1.0, 0.0
     if deletion <= significance:
-        concentration = _subspace_concentration(basis, U.shape[1], math.log(observed),
-                                                significance, rng, n_subspaces)
+        # Independent streams: the null stops when it is clear, the anisotropy test's draws
+        # stay the same whatever it took.
+        # (``rng`` may be a RandomState or a Generator: both draw ``random``.)
+        null_rng, anisotropy_rng = (np.random.default_rng(int(u * 2**53))
+                                    for u in rng.random(2))
+        concentration = _subspace_concentration(
+            basis, U.shape[1], math.log(observed),
+            (significance, _MAX_COMBINATION_CONCENTRATION), null_rng, n_subspaces)
+        if significance < concentration <= _MAX_COMBINATION_CONCENTRATION:
+            anisotropy, excess = _anisotropy(basis, gram_inverse, residual, a, observed,
+                                             anisotropy_rng, n_subspaces)
+    flagged = deletion <= significance and (
+        concentration <= significance
+        or (concentration <= _MAX_COMBINATION_CONCENTRATION and anisotropy <= significance
+            and excess >= _MIN_EXCESS_SHARE))
     return {"participation": observed, "concentration_p_value": concentration,
-            "deletion_p_value": deletion,
-            "flagged": bool(concentration <= significance and deletion <= significance)}
+            "deletion_p_value": deletion, "anisotropy_p_value": anisotropy,
+            "excess_share": excess, "flagged": bool(flagged)}
 
 
 # Subspaces of the concentration null drawn in stages (a share of ``n_subspaces`` each), and
-# the standard errors by which the p-value's normal quantile must clear the level's to stop.
+# the standard errors by which the p-value's normal quantile must clear the cuts' to stop.
 _NULL_STAGES = (0.125, 0.25, 0.5, 1.0)
 _NULL_MARGIN = 4.0
 
 
-def _subspace_concentration(basis, dimension, log_observed, significance, rng, n_subspaces):
+def _subspace_concentration(basis, dimension, log_observed, cuts, rng, n_subspaces):
     """Lower-tail p-value of ``log_observed`` under the most concentrated combination of a
     random ``dimension``-dimensional subspace of the inputs' column space (a normal law of
     ``log m`` fitted to ``n_subspaces`` of them).
 
     Sequential Monte Carlo (Besag & Clifford 1991): the subspaces come in stages of one
     seeded stream, and the search stops once the p-value's normal quantile ``z`` is more than
-    ``_NULL_MARGIN`` standard errors from the level's, ``sqrt((1 + z^2 / 2) / n)`` for a
-    normal law fitted to ``n`` draws. Where it never is, the law is that of all the draws,
-    bit for bit; a p-value far from the level (the common case where the deletion test
-    rejects on heteroscedastic rows) costs an eighth of them."""
-    cut = float(special.ndtri(significance))
+    ``_NULL_MARGIN`` standard errors from that of every p-value in ``cuts`` (the ones the
+    caller compares it with), ``sqrt((1 + z^2 / 2) / n)`` for a normal law fitted to ``n``
+    draws. Where it never is, the law is that of all the draws, bit for bit; a p-value far
+    from the cuts (common where the deletion test rejects on heteroscedastic rows) costs an
+    eighth of them. Where ``dimension`` reaches the inputs' rank, every subspace is their
+    whole column space, the combination is that space's own, and nothing can be told: 1."""
+    if dimension >= basis.shape[1]:
+        return 1.0
+    quantiles = special.ndtri(np.asarray(cuts, dtype=float))
     null, z = np.empty(0), 0.0
     for share in _NULL_STAGES:
         n_new = max(2, math.ceil(share * n_subspaces)) - null.size
@@ -204,7 +244,7 @@ def _subspace_concentration(basis, dimension, log_observed, significance, rng, n
         if spread <= 0:
             return 1.0
         z = (log_observed - float(np.mean(null))) / spread
-        if abs(z - cut) > _NULL_MARGIN * math.sqrt((1 + z * z / 2) / null.size):
+        if np.all(np.abs(z - quantiles) > _NULL_MARGIN * math.sqrt((1 + z * z / 2) / null.size)):
             break
     return float(special.ndtr(z))
 
@@ -215,9 +255,11 @@ def _n_flagged(result):
     return len(result["flagged"]) or int(bool(combination.get("flagged")))
 
 
-def _deletion_p_value(basis, gram_inverse, residual, values, participation):
-    """P-value of the mean-shift outlier test of the ``ceil(participation)`` rows of largest
-    ``|values|`` (:func:`influential_directions`), on every target."""
+def _deleted_rows(basis, gram_inverse, residual, values, participation):
+    """The rows ``S`` (the ``ceil(participation)`` of largest ``|values|``) and what the
+    deletion and anisotropy tests read of them: ``I - H_SS``, their deleted residuals, the noise
+    covariance of the fit without them (full where the degrees of freedom allow it, else its
+    diagonal), its bias factor and degrees of freedom; ``None`` where ``I - H_SS`` is singular."""
     n_rows, k_x = basis.shape
     n_targets = residual.shape[1]
     m = min(max(1, math.ceil(participation)), n_rows - k_x - 2)
@@ -225,30 +267,158 @@ def _deletion_p_value(basis, gram_inverse, residual, values, participation):
     dof = n_rows - m - k_x - 1
     # The hat matrix on the rows S, the intercept's 1 / n included (the basis is centred).
     hat = basis[rows] @ gram_inverse @ basis[rows].T + 1.0 / n_rows
+    kept = np.eye(m) - hat
     try:
         # (I - H_SS) is positive definite unless the rows alone span an input direction.
-        deleted = np.linalg.solve(np.eye(m) - hat, residual[rows])
+        deleted = np.linalg.solve(kept, residual[rows])
     except np.linalg.LinAlgError:
-        return 1.0
+        return None
     # The residual cross-products of the fit without the rows S: R^T R - r_S^T (I - H_SS)^-1
     # r_S (what the full fit's residuals of the other rows would overstate where the rows S
     # pull the fit). They whiten the targets where they estimate the covariance well
     # (corrected for the bias of its inverse), else their diagonal scales them.
     refit = residual.T @ residual - residual[rows].T @ deleted
-    if dof > n_targets + _MIN_EXTRA_DOF:
+    full = dof > n_targets + _MIN_EXTRA_DOF
+    if full:
         covariance = refit / dof
         factor = (dof - n_targets - 1) / dof
     else:
         covariance = np.diag(np.clip(np.diagonal(refit), 0, None) / max(dof, 1))
         factor = 1.0
+    return {"rows": rows, "kept": kept, "deleted": deleted, "covariance": covariance,
+            "full": full, "factor": factor, "dof": dof}
+
+
+def _deletion_p_value(basis, gram_inverse, residual, values, participation):
+    """P-value of the mean-shift outlier test of the ``ceil(participation)`` rows of largest
+    ``|values|`` (:func:`influential_directions`), on every target."""
+    rows = _deleted_rows(basis, gram_inverse, residual, values, participation)
+    if rows is None:
+        return 1.0
     try:
-        whitened = np.linalg.solve(covariance, residual[rows].T)
+        whitened = np.linalg.solve(rows["covariance"], residual[rows["rows"]].T)
     except np.linalg.LinAlgError:
         return 1.0
-    statistic = factor * float(np.einsum("ij,ji->", deleted, whitened))
+    statistic = rows["factor"] * float(np.einsum("ij,ji->", rows["deleted"], whitened))
     if not np.isfinite(statistic) or statistic < 0:
         return 1.0
-    return float(special.chdtrc(m * n_targets, statistic))
+    return float(special.chdtrc(len(rows["rows"]) * residual.shape[1], statistic))
+
+
+def _top_share(directions):
+    """The largest eigenvalue of ``Uᵀ U / m`` for the ``m`` unit rows ``U`` of ``directions``
+    (a stack ``(..., m, q)``): the share of the rows' directions along the one they most share
+    (``1 / q`` on average for directions uniform on the sphere, ``1`` for all along one)."""
+    m, q = directions.shape[-2:]
+    T = np.swapaxes(directions, -1, -2)
+    gram = T @ directions if q <= m else directions @ T
+    return np.linalg.eigvalsh(gram)[..., -1] / m
+
+
+def _inverse_sqrt(matrix):
+    """``matrix^{-1/2}`` of a symmetric positive definite matrix (a stack of them)."""
+    values, vectors = np.linalg.eigh(matrix)
+    floor = np.maximum(values.max(axis=-1, keepdims=True), 0) * 1e-12
+    scale = 1 / np.sqrt(np.maximum(values, np.maximum(floor, np.finfo(float).tiny)))
+    return (vectors * scale[..., None, :]) @ np.swapaxes(vectors, -1, -2)
+
+
+def _row_decorrelated(basis, gram_inverse, residual, rows, others):
+    """The deleted residuals of the rows ``S``, whitened on the target side by the noise
+    covariance of the fit without them and decorrelated on the row side by their
+    heteroscedasticity-consistent covariance.
+
+    A deleted residual is the row's own noise less the error of the fit without the rows
+    ``S`` at its inputs, ``e_S = E_S - A_S (beta_(-S) - beta)``, ``A`` the inputs' basis with
+    the intercept. The fit's error is shared by the rows (it has ``rank X`` directions), and
+    where a row's own noise is far weaker than the others' it is what the row's residual
+    shows, so its covariance is estimated from the other rows' residual scales (the sandwich
+    ``A_S G_(-S)^-1 (sum_j a_j a_jᵀ s_j^2) G_(-S)^-1 A_Sᵀ``, ``s_j^2`` the row's whitened
+    residual energy per target over ``1 - h_jj``), and each row's own scale is what its
+    energy holds beyond it; rows whose own scale is not above the fit's error at them are left
+    out. Under noise of one scale this is about ``(I - H_SS)^{-1/2} r_S``. ``None`` where
+    fewer than two rows are left."""
+    S = rows["rows"]
+    n_rows, n_targets = residual.shape
+    whitening = _inverse_sqrt(rows["covariance"])
+    deleted = rows["deleted"] @ whitening
+    design = np.hstack([basis, np.full((n_rows, 1), 1 / math.sqrt(n_rows))])
+    gram = design[others].T @ design[others]
+    gram_pinv = np.linalg.pinv(gram)
+    white = residual[others] @ whitening
+    hat = np.einsum("ij,jk,ik->i", design[others], gram_pinv, design[others])
+    scales = np.einsum("ij,ij->i", white, white) / n_targets / np.clip(1 - hat, 1e-3, None)
+    meat = (design[others] * scales[:, None]).T @ design[others]
+    bread = design[S] @ gram_pinv
+    shared = bread @ meat @ bread.T
+    own = np.einsum("ij,ij->i", deleted, deleted) / n_targets - np.diagonal(shared)
+    # A row whose residual is mostly the fit's error tells nothing of its own noise's
+    # direction (several such rows share the error's few directions): it is left out.
+    informative = own > np.diagonal(shared)
+    if informative.sum() < 2:
+        return None
+    covariance = shared[np.ix_(informative, informative)] + np.diag(own[informative])
+    if not np.all(np.isfinite(covariance)):
+        return None
+    return _inverse_sqrt(covariance) @ deleted[informative]
+
+
+def _anisotropy(basis, gram_inverse, residual, values, participation, rng, n_draws):
+    """Do the residuals of the rows ``S`` that carry ``values`` point along fewer target
+    directions than noise does? ``(p_value, excess_share)``.
+
+    The rows' deleted residuals are whitened by the noise covariance of the fit without them,
+    decorrelated on the row side (:func:`_row_decorrelated`: rows of covariance ``Sigma``
+    each under the linear model, whatever their noise scales) and scaled to unit length: a
+    row's direction, whatever its noise scale (input-dependent noise changes the scale of a
+    row, not the direction of its noise). The
+    statistic is the share of these directions along the one they most share
+    (:func:`_top_share`). Its null law is that of ``m`` Gaussian rows whitened by an independent
+    Wishart estimate of their covariance, ``n_draws`` of them, with the degrees of freedom the
+    other rows' residual energies leave it (``(sum w)^2 / sum w^2`` for energies ``w``: fewer
+    where the noise scale varies over the rows); a normal law of its logarithm fitted to them
+    gives the p-value. ``excess_share`` is the observed share's excess over the null median, as
+    a part of the room between that median and ``1``.
+    """
+    n_targets = residual.shape[1]
+    rows = _deleted_rows(basis, gram_inverse, residual, values, participation)
+    if rows is None or n_targets < 2:
+        return 1.0, 0.0
+    S = rows["rows"]
+    m = len(S)
+    others = np.ones(len(residual), dtype=bool)
+    others[S] = False
+    energy = np.einsum("ij,ij->i", residual[others], residual[others])
+    total = float(energy.sum())
+    if total <= 0:
+        return 1.0, 0.0
+    dof = min(float(rows["dof"]), total**2 / float(energy @ energy))
+    if dof <= n_targets + 1:
+        return 1.0, 0.0
+    decorrelated = _row_decorrelated(basis, gram_inverse, residual, rows, others)
+    if decorrelated is None:
+        return 1.0, 0.0
+    m = len(decorrelated)
+    lengths = np.linalg.norm(decorrelated, axis=1, keepdims=True)
+    if np.any(lengths <= 0):
+        return 1.0, 0.0
+    observed = float(_top_share(decorrelated / lengths))
+    # The null: Gaussian rows whitened as the observed ones were, by a Wishart estimate of
+    # their covariance (its diagonal where the observed whitening is diagonal).
+    scale = np.eye(n_targets) / dof
+    estimate = stats.wishart(df=dof, scale=scale).rvs(size=n_draws, random_state=rng)
+    estimate = estimate.reshape(n_draws, n_targets, n_targets)
+    if not rows["full"]:
+        estimate = estimate * np.eye(n_targets)
+    draws = rng.standard_normal((n_draws, m, n_targets)) @ _inverse_sqrt(estimate)
+    null = np.log(_top_share(draws / np.linalg.norm(draws, axis=-1, keepdims=True)))
+    spread = float(np.std(null, ddof=1))
+    if not spread > 0:
+        return 1.0, 0.0
+    p_value = float(special.ndtr(-(math.log(observed) - np.mean(null)) / spread))
+    median = float(np.exp(np.median(null)))
+    excess = (observed - median) / (1 - median) if median < 1 else 0.0
+    return p_value, float(excess)
 
 
 def influence_caveat(result):

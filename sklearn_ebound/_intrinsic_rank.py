@@ -227,7 +227,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         ``"deletion_p_values"``, and ``"flagged"`` (indices from 0 of the directions both
         tests reject at ``significance``), named in a warning; where more than one direction
         is accepted and none is flagged, ``"combination"``: the same tests on their most
-        concentrated combination.
+        concentrated combination, and where its concentration alone does not decide, an
+        anisotropy test of its rows' residual directions (``"anisotropy_p_value"``,
+        ``"excess_share"``).
     p_values_ : ndarray, only where ``noise_model_`` is set
         P-value of each tested direction: entry ``k`` tests direction ``k + 1`` once ``k``
         are accepted (``rank_`` is the number of leading p-values at most ``significance``).

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._influence import (
+    _anisotropy,
     _most_concentrated,
     influential_directions,
     participation_ratio,
@@ -168,3 +169,59 @@ def test_real_directions_of_heavy_tailed_inputs_are_not_flagged(seed, rank):
     assert check is not None  # heavy tails flagged, so the check ran
     assert check["flagged"] == ()
     assert not any(CARRIED in m for m in messages)
+
+
+def test_the_interval_holds_the_rank_where_the_outliers_mix_into_every_direction():
+    # Draws of the simulation with outliers and leverage points in which the outliers' direction
+    # mixes into every accepted one, and their most concentrated combination is no more
+    # concentrated than the inputs' own leverage rows make a random subspace's (two of these
+    # thirty): its rows' residual directions still name it, and the interval holds the rank.
+    for seed in range(30):
+        X, Y = _outliers_and_leverage(seed)
+        estimator, messages = _fit(X, Y)
+        if estimator.diagnostics_.get("influential_directions") is None:
+            continue
+        low, high = estimator.rank_interval_
+        assert low <= 3 <= high, seed
+        if low < estimator.rank_:
+            assert any(CARRIED in m for m in messages)
+
+
+def _anisotropy_of_rows(X, Y, rows):
+    """The anisotropy test of ``rows`` (the top ``len(rows)`` of an indicator) in the fit of
+    ``Y`` on ``X``."""
+    Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
+    basis = np.linalg.svd(Xc, full_matrices=False)[0]
+    residual = Yc - basis @ (basis.T @ Yc)
+    values = np.zeros(len(X))
+    values[rows] = 1.0
+    return _anisotropy(basis, np.eye(basis.shape[1]), residual, values, len(rows),
+                       np.random.default_rng(0), 200)
+
+
+@SETTINGS
+@given(st.integers(0, 2**16), st.sampled_from(["abs", "exp"]), st.sampled_from([20, 300]))
+def test_the_anisotropy_test_keeps_its_level_under_input_dependent_noise(seed, scale, m):
+    # Noise alone whose scale depends on x_1 (the rows' scales differ, the direction of their
+    # noise does not): rows chosen by the inputs, the ones of largest |x_1| (the noisiest) or
+    # at random, never point along fewer directions than noise.
+    rng = np.random.default_rng(seed)
+    n, p, q = 1000, 5, 30
+    X = rng.standard_normal((n, p))
+    sd = np.abs(X[:, :1]) if scale == "abs" else np.exp(X[:, :1])
+    Y = sd * rng.standard_normal((n, q))
+    for rows in (np.argsort(-np.abs(X[:, 0]))[:m], rng.permutation(n)[:m]):
+        p_value, _ = _anisotropy_of_rows(X, Y, rows)
+        assert p_value > 1e-3
+
+
+def test_the_anisotropy_test_finds_rows_shifted_along_a_few_directions():
+    rng = np.random.default_rng(3)
+    n, p, q, m = 300, 5, 12, 15
+    X = rng.standard_normal((n, p))
+    Y = rng.standard_normal((n, q)) * np.exp(X[:, :1])  # input-dependent noise as well
+    # The first m rows shifted along two target directions, by varying amounts.
+    Y[:m] += 6.0 * rng.standard_normal((m, 2)) @ rng.standard_normal((2, q))
+    p_value, excess = _anisotropy_of_rows(X, Y, np.arange(m))
+    assert p_value < 1e-6
+    assert excess > 0.3
