@@ -31,8 +31,8 @@ the fitted values' units by the ratio of the two top singular values of that noi
 (both noise edges, so the ratio is the noise's scale in the two units). Per cell:
 the exact-recovery rate (target at least 90%), how often ``rank_interval_`` holds the true rank
 (target at least ``1 - 2a``), its mean width, the warnings and paths, and the share of draws
-in which an accepted direction was named as carried by a handful of rows
-(``diagnostics_["influential_directions"]``). The section needs ``detection_limit_``; without
+in which an accepted direction, or a combination of them, was named as carried by a handful of
+rows (``diagnostics_["influential_directions"]``). The section needs ``detection_limit_``; without
 it, it says so and is skipped. ``--power-factors 2 3 4 5`` plants a spread spectrum instead
 (the weakest direction still at twice the limit; equal values are the hardest case for a
 sequential test, whose planted values repel each other).
@@ -185,7 +185,10 @@ def _fit(X, Y, significance):
             "top_read": float(values[0]) if values.size else None,
             "noise_model": getattr(est, "noise_model_", None),
             "interval": None if interval is None else [int(interval[0]), int(interval[1])],
-            "influential": None if influence is None else len(influence["flagged"]),
+            # the directions named, or the combination of them (one) where none is
+            "influential": None if influence is None else (
+                len(influence["flagged"])
+                or int(bool((influence.get("combination") or {}).get("flagged")))),
             "detection_limit": None if limit is None else float(limit)}
 
 
