@@ -44,6 +44,12 @@ __all__ = ["N_DIRECTIONS", "participation_ratio", "influential_directions", "inf
 N_DIRECTIONS = 200
 # Residual degrees of freedom beyond the targets' number for the deletion test to whiten them.
 _MIN_EXTRA_DOF = 10
+# The smallest eigenvalue of I - H_SS below which the rows S alone span an input direction.
+_SINGULAR = 1e-10
+# The most rows of S the anisotropy test reads (those of largest |values|): a cluster of
+# outlying rows is a handful, and its row-side decorrelation and null cost O(m^3) and
+# O(m q) per draw (rows of S beyond these still leave the other rows' noise).
+_ANISOTROPY_ROWS = 1024
 # A combination whose concentration p-value is above the test's level is still flagged where it
 # is at least as concentrated as the median random subspace's, its rows contradict the others
 # (deletion) and their residuals point along fewer directions than noise (anisotropy), by at
@@ -257,22 +263,36 @@ def _n_flagged(result):
 
 def _deleted_rows(basis, gram_inverse, residual, values, participation):
     """The rows ``S`` (the ``ceil(participation)`` of largest ``|values|``) and what the
-    deletion and anisotropy tests read of them: ``I - H_SS``, their deleted residuals, the noise
-    covariance of the fit without them (full where the degrees of freedom allow it, else its
-    diagonal), its bias factor and degrees of freedom; ``None`` where ``I - H_SS`` is singular."""
+    deletion and anisotropy tests read of them: their deleted residuals, the noise covariance
+    of the fit without them (full where the degrees of freedom allow it, else its diagonal),
+    its bias factor and degrees of freedom, the inputs' basis ``A`` and the other rows' Gram;
+    ``None`` where ``I - H_SS`` is singular.
+
+    ``H_SS = A_S G^-1 A_Sᵀ`` has the rank of the inputs' basis ``A`` (the intercept's column
+    ``1 / sqrt(n)`` included; ``G = AᵀA``), so Woodbury's identity gives the deleted residuals
+    ``(I - H_SS)^-1 r_S = r_S + A_S (G - A_SᵀA_S)^-1 A_Sᵀ r_S`` from the Gram of the other
+    rows, in ``O(m k^2)`` for ``m`` rows and ``k`` inputs instead of ``O(m^3)``. That Gram
+    is singular exactly where ``I - H_SS`` is: where the rows ``S`` alone span an input
+    direction (its eigenvalues, relative to ``G``, are those of ``I - H_SS`` below 1)."""
     n_rows, k_x = basis.shape
-    n_targets = residual.shape[1]
     m = min(max(1, math.ceil(participation)), n_rows - k_x - 2)
     rows = np.argsort(-np.abs(values), kind="stable")[:m]
     dof = n_rows - m - k_x - 1
-    # The hat matrix on the rows S, the intercept's 1 / n included (the basis is centred).
-    hat = basis[rows] @ gram_inverse @ basis[rows].T + 1.0 / n_rows
-    kept = np.eye(m) - hat
-    try:
-        # (I - H_SS) is positive definite unless the rows alone span an input direction.
-        deleted = np.linalg.solve(kept, residual[rows])
-    except np.linalg.LinAlgError:
+    # The inputs' basis with the intercept (the basis is centred: orthogonal to it).
+    design = np.hstack([basis, np.full((n_rows, 1), 1 / math.sqrt(n_rows))])
+    n_targets = residual.shape[1]
+    gram = np.zeros((k_x + 1, k_x + 1))
+    gram[:k_x, :k_x] = np.linalg.pinv(gram_inverse)
+    gram[k_x, k_x] = 1.0
+    at_rows = design[rows]
+    others = gram - at_rows.T @ at_rows
+    # I - H_SS's eigenvalues below 1: those of the other rows' Gram relative to G.
+    spectrum, vectors = np.linalg.eigh(gram)
+    kept = spectrum > spectrum.max() * 1e-12
+    whiten = vectors[:, kept] / np.sqrt(spectrum[kept])
+    if np.linalg.eigvalsh(whiten.T @ others @ whiten)[0] <= _SINGULAR:
         return None
+    deleted = residual[rows] + at_rows @ np.linalg.solve(others, at_rows.T @ residual[rows])
     # The residual cross-products of the fit without the rows S: R^T R - r_S^T (I - H_SS)^-1
     # r_S (what the full fit's residuals of the other rows would overstate where the rows S
     # pull the fit). They whiten the targets where they estimate the covariance well
@@ -285,8 +305,8 @@ def _deleted_rows(basis, gram_inverse, residual, values, participation):
     else:
         covariance = np.diag(np.clip(np.diagonal(refit), 0, None) / max(dof, 1))
         factor = 1.0
-    return {"rows": rows, "kept": kept, "deleted": deleted, "covariance": covariance,
-            "full": full, "factor": factor, "dof": dof}
+    return {"rows": rows, "deleted": deleted, "covariance": covariance, "full": full,
+            "factor": factor, "dof": dof, "design": design, "other_gram": others}
 
 
 def _deletion_p_value(basis, gram_inverse, residual, values, participation):
@@ -342,9 +362,8 @@ def _row_decorrelated(basis, gram_inverse, residual, rows, others):
     n_rows, n_targets = residual.shape
     whitening = _inverse_sqrt(rows["covariance"])
     deleted = rows["deleted"] @ whitening
-    design = np.hstack([basis, np.full((n_rows, 1), 1 / math.sqrt(n_rows))])
-    gram = design[others].T @ design[others]
-    gram_pinv = np.linalg.pinv(gram)
+    design = rows["design"]
+    gram_pinv = np.linalg.pinv(rows["other_gram"])
     white = residual[others] @ whitening
     hat = np.einsum("ij,jk,ik->i", design[others], gram_pinv, design[others])
     scales = np.einsum("ij,ij->i", white, white) / n_targets / np.clip(1 - hat, 1e-3, None)
@@ -385,9 +404,11 @@ def _anisotropy(basis, gram_inverse, residual, values, participation, rng, n_dra
     if rows is None or n_targets < 2:
         return 1.0, 0.0
     S = rows["rows"]
-    m = len(S)
     others = np.ones(len(residual), dtype=bool)
     others[S] = False
+    if len(S) > _ANISOTROPY_ROWS:  # the first rows of S carry most of ``values``
+        rows = dict(rows, rows=S[:_ANISOTROPY_ROWS],
+                    deleted=rows["deleted"][:_ANISOTROPY_ROWS])
     energy = np.einsum("ij,ij->i", residual[others], residual[others])
     total = float(energy.sum())
     if total <= 0:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._influence import (
     _anisotropy,
+    _deleted_rows,
     _most_concentrated,
     influential_directions,
     participation_ratio,
@@ -225,3 +226,41 @@ def test_the_anisotropy_test_finds_rows_shifted_along_a_few_directions():
     p_value, excess = _anisotropy_of_rows(X, Y, np.arange(m))
     assert p_value < 1e-6
     assert excess > 0.3
+
+
+@SETTINGS
+@given(st.integers(0, 2**16), st.integers(30, 300), st.integers(1, 12), st.integers(1, 8),
+       st.booleans())
+def test_deleted_residuals_are_those_of_the_fit_without_the_rows(seed, n, k, q, orthonormal):
+    # Woodbury's identity in O(m k^2) against (I - H_SS)^-1 r_S solved directly, for any
+    # basis (orthonormal or not) and any rows S.
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((n, k))
+    basis -= basis.mean(axis=0)
+    if orthonormal:
+        basis = np.linalg.qr(basis)[0]
+    residual, values = rng.standard_normal((n, q)), rng.standard_normal(n)
+    gram_inverse = np.linalg.inv(basis.T @ basis)
+    m = int(rng.integers(1, n // 2))
+    rows = _deleted_rows(basis, gram_inverse, residual, values, m)
+    S = np.argsort(-np.abs(values), kind="stable")[:min(m, n - k - 2)]
+    hat = basis[S] @ gram_inverse @ basis[S].T + 1 / n
+    expected = np.linalg.solve(np.eye(len(S)) - hat, residual[S])
+    np.testing.assert_array_equal(rows["rows"], S)
+    np.testing.assert_allclose(rows["deleted"], expected, rtol=1e-8,
+                               atol=1e-8 * np.abs(expected).max())
+
+
+def test_rows_that_alone_span_an_input_direction_cannot_be_deleted():
+    # Five rows share an input value that no other row has: without them the fit has no
+    # data along it (I - H_SS is singular), and the deletion test cannot run.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 4))
+    X[:, 3] = 0.0
+    X[:5, 3] = 10.0
+    X -= X.mean(axis=0)
+    values = np.linspace(2.0, 1.0, 60)  # the rows S are the first ones
+    args = (X, np.linalg.inv(X.T @ X), rng.standard_normal((60, 3)), values)
+    assert _deleted_rows(*args, 5) is None
+    assert _deleted_rows(*args, 9) is None
+    assert _deleted_rows(*args, 4) is not None  # the fifth row is left: it can
