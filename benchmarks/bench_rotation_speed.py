@@ -20,14 +20,12 @@ Run from a git checkout::
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _timing import exported, run_worker
 
 # (n_samples, n_features, n_targets): dof = n - p - 1 <= q in each.
 SHAPES = [(100, 50, 50), (100, 50, 60), (120, 20, 100), (60, 40, 80)]
@@ -79,12 +77,8 @@ def worker(folder, n_seeds, shapes):
 
 
 def run_version(package_root, folder, n_seeds, quick):
-    env = dict(os.environ, PYTHONPATH=str(package_root))
-    result = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", str(folder),
-         "--seeds", str(n_seeds)] + ["--quick"] * quick, env=env, capture_output=True,
-        text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_worker(Path(__file__).resolve(), package_root,
+                      [str(folder), "--seeds", str(n_seeds)] + ["--quick"] * quick)
 
 
 def main(argv=None):
@@ -105,9 +99,7 @@ def main(argv=None):
         baseline, data = scratch / "baseline", scratch / "data"
         baseline.mkdir()
         data.mkdir()
-        archive = subprocess.run(["git", "archive", args.baseline, "sklearn_ebound"], cwd=ROOT,
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
+        exported(args.baseline, ROOT, baseline)
         write_data(data, args.seeds, shapes)
         runs = {"old": [], "new": []}
         for _ in range(args.repeats):

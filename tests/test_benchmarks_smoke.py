@@ -274,18 +274,34 @@ def test_attention_scale_quick(load, tmp_path, monkeypatch):
     assert (tmp_path / "docs" / "attention_scale.csv").is_file()
 
 
-def test_rotation_speed_quick(load):
-    bench = load("bench_rotation_speed")
+def _skip_without_commit(commit):
+    """Skip where this is no git checkout holding ``commit`` (a benchmark's baseline)."""
     known = shutil.which("git") and subprocess.run(
-        ["git", "cat-file", "-e", f"{bench.BASELINE}^{{commit}}"], cwd=BENCHMARKS.parent,
+        ["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=BENCHMARKS.parent,
         capture_output=True).returncode == 0
     if not known:
-        pytest.skip(f"not a git checkout holding the baseline commit {bench.BASELINE}")
+        pytest.skip(f"not a git checkout holding the baseline commit {commit}")
+
+
+def test_rotation_speed_quick(load):
+    bench = load("bench_rotation_speed")
+    _skip_without_commit(bench.BASELINE)
     report = bench.main(["--quick"])
     (row,) = report["rows"]
     # Both versions took the rotation path, as many steps each, and read the same ranks.
     assert row["fits"] == 2 and row["laws"][0] == row["laws"][1] > 0
     assert row["same_rank"] == row["same_interval"] == 2
+    assert report["ratio"] > 0
+
+
+def test_influence_speed_quick(load):
+    bench = load("bench_influence_speed")
+    _skip_without_commit(bench.BASELINE)
+    report = bench.main(["--quick"])
+    (row,) = report["rows"]
+    # The noise that follows an input sent the fit to the influence check; both versions
+    # read the same rank.
+    assert row["fits"] == row["checked"] == 1 and row["same_rank"] == 1
     assert report["ratio"] > 0
 
 
