@@ -36,3 +36,24 @@ def run_worker(script, package_root, arguments):
     result = subprocess.run([sys.executable, str(script), "--worker", *arguments], env=env,
                             capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def agreement(old, new, index):
+    """How many of the fits ``index`` two versions' runs read with the same ``"rank"`` and the
+    same ``"interval"``, and the pairs of fits that differ."""
+    same_rank = sum(old[i]["rank"] == new[i]["rank"] for i in index)
+    same_interval = sum(old[i]["interval"] == new[i]["interval"] for i in index)
+    differences = [(old[i], new[i]) for i in index
+                   if (old[i]["rank"], old[i]["interval"]) != (new[i]["rank"], new[i]["interval"])]
+    return same_rank, same_interval, differences
+
+
+def print_totals(total_old, total_new, differences, case):
+    """Print the two versions' total CPU seconds, their ratio and the fits that differ (named
+    by the fields ``case``); return the ratio."""
+    print(f"all fits: {total_old:.2f} s against {total_new:.2f} s, ratio "
+          f"{total_old / total_new:.2f}")
+    for a, b in differences:
+        print(f"differs: {case} = {a['case']}: rank {a['rank']} -> {b['rank']}, "
+              f"interval {a['interval']} -> {b['interval']}")
+    return total_old / total_new

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _timing import exported, run_worker
+from _timing import agreement, exported, print_totals, run_worker
 
 # (n_samples, n_features, n_targets)
 SHAPES = [(2000, 20, 60), (5000, 20, 60), (20000, 20, 60)]
@@ -103,11 +103,8 @@ def main(argv=None):
         t_old = float(np.mean([old[i]["cpu"] for i in index]))
         t_new = float(np.mean([new[i]["cpu"] for i in index]))
         checked = sum(new[i]["checked"] for i in index)
-        same_rank = sum(old[i]["rank"] == new[i]["rank"] for i in index)
-        same_interval = sum(old[i]["interval"] == new[i]["interval"] for i in index)
-        differences += [(old[i], new[i]) for i in index
-                        if (old[i]["rank"], old[i]["interval"])
-                        != (new[i]["rank"], new[i]["interval"])]
+        same_rank, same_interval, differing = agreement(old, new, index)
+        differences += differing
         rows.append({"shape": shape, "old": t_old, "new": t_new, "fits": len(index),
                      "checked": checked, "same_rank": same_rank,
                      "same_interval": same_interval})
@@ -116,12 +113,8 @@ def main(argv=None):
               f"{same_interval:>8} / {len(index):<2}")
     total_old = sum(r["cpu"] for r in old)
     total_new = sum(r["cpu"] for r in new)
-    print(f"all fits: {total_old:.2f} s against {total_new:.2f} s, ratio "
-          f"{total_old / total_new:.2f}")
-    for a, b in differences:
-        print(f"differs: n, p, q, seed = {a['case']}: rank {a['rank']} -> {b['rank']}, "
-              f"interval {a['interval']} -> {b['interval']}")
-    return {"rows": rows, "ratio": total_old / total_new}
+    ratio = print_totals(total_old, total_new, differences, "n, p, q, seed")
+    return {"rows": rows, "ratio": ratio}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _timing import exported, run_worker
+from _timing import agreement, exported, print_totals, run_worker
 
 # (n_samples, n_features, n_targets): dof = n - p - 1 <= q in each.
 SHAPES = [(100, 50, 50), (100, 50, 60), (120, 20, 100), (60, 40, 80)]
@@ -117,11 +117,8 @@ def main(argv=None):
         index = [i for i, r in enumerate(old) if tuple(r["case"][:3]) == shape]
         t_old = np.mean([best["old"][i] for i in index])
         t_new = np.mean([best["new"][i] for i in index])
-        same_rank = sum(old[i]["rank"] == new[i]["rank"] for i in index)
-        same_interval = sum(old[i]["interval"] == new[i]["interval"] for i in index)
-        differences += [(old[i], new[i]) for i in index
-                        if (old[i]["rank"], old[i]["interval"])
-                        != (new[i]["rank"], new[i]["interval"])]
+        same_rank, same_interval, differing = agreement(old, new, index)
+        differences += differing
         rows.append({"shape": shape, "old": t_old, "new": t_new, "fits": len(index),
                      "same_rank": same_rank, "same_interval": same_interval,
                      "laws": [sum(run[i]["laws"] for i in index) for run in (old, new)]})
@@ -130,12 +127,8 @@ def main(argv=None):
               f"{np.mean([new[i]['laws'] for i in index]):8.1f} "
               f"{same_rank:>4} / {len(index):<2} {same_interval:>8} / {len(index):<2}")
     total_old, total_new = sum(best["old"]), sum(best["new"])
-    print(f"all fits: {total_old:.2f} s against {total_new:.2f} s, ratio "
-          f"{total_old / total_new:.2f}")
-    for a, b in differences:
-        print(f"differs: n, p, q, rank, seed = {a['case']}: rank {a['rank']} -> {b['rank']}, "
-              f"interval {a['interval']} -> {b['interval']}")
-    return {"rows": rows, "ratio": total_old / total_new}
+    ratio = print_totals(total_old, total_new, differences, "n, p, q, rank, seed")
+    return {"rows": rows, "ratio": ratio}
 
 
 if __name__ == "__main__":
