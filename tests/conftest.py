@@ -18,6 +18,22 @@ def _one_torch_thread():
     torch.set_num_threads(previous)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _blas_threads_per_worker():
+    # Under pytest-xdist every worker is a process of its own: BLAS threads beyond its share
+    # of the cores oversubscribe them, and OpenBLAS then crawls. One share per worker.
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=max(1, (os.cpu_count() or 1) // workers)):
+        yield
+
+
 class WordTokenizer:
     """A stand-in Hugging Face tokenizer: one id per word, right padding."""
 
@@ -42,3 +58,112 @@ class WordTokenizer:
 def word_tokenizer():
     """The stand-in tokenizer class, for tests that run tiny Hugging Face models."""
     return WordTokenizer
+
+
+# --- one documentation build for the docs tests and the examples' checks -------------------
+#
+# The gallery runs every example while the docs build; tests/test_examples.py checks the
+# numbers each example reports on its module globals. Both use this one build: an image
+# scraper added to the build's configuration keeps each example's globals, so no example runs
+# twice. Under pytest-xdist the tests that use it share one worker (``xdist_group("docs")``)
+# and start first (``pytest_collection_modifyitems``), since the build is the suite's longest
+# single step.
+
+DOCS_GROUP = "docs"
+_CAPTURE_MODULE = "_ebound_gallery_capture"
+_CAPTURE_CONF = f"""
+
+# Added by the test suite: keep each example's globals for tests/test_examples.py.
+import sys as _sys
+
+sphinx_gallery_conf["image_scrapers"] = (
+    *sphinx_gallery_conf.get("image_scrapers", ("matplotlib",)),
+    _sys.modules["{_CAPTURE_MODULE}"].keep_globals)
+# A callable in the configuration cannot be pickled with the environment; this build is
+# thrown away, so its cache does not matter.
+suppress_warnings = [*globals().get("suppress_warnings", []), "config.cache"]
+"""
+
+
+def docs_dependencies_missing():
+    """The name of the first missing module the docs build needs, or None."""
+    import importlib.util
+
+    for module in ["sphinx", "numpydoc", "sphinx_gallery", "pydata_sphinx_theme", "matplotlib"]:
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+class DocsBuild:
+    """A finished build: ``root`` (the copied ``docs``/``examples`` and ``html``), sphinx's
+    exit ``status`` and output ``log``, and ``example_globals[name]``, the globals of each
+    example it ran."""
+
+    def __init__(self, root, status, log, example_globals):
+        self.root, self.status, self.log = root, status, log
+        self.example_globals = example_globals
+
+
+@pytest.fixture(scope="session")
+def docs_build(tmp_path_factory):
+    """Build a copy of the docs in this process, examples at their small size; see above."""
+    import contextlib
+    import io
+    import os
+    import shutil
+    import sys
+    import types
+    from pathlib import Path
+
+    missing = docs_dependencies_missing()
+    if missing:
+        pytest.skip(f"the docs build needs {missing} (the docs extra)")
+    import torch
+    from sphinx.cmd.build import build_main
+
+    root = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("docs")
+    for folder in ["docs", "examples"]:
+        shutil.copytree(root / folder, tmp / folder,
+                        ignore=shutil.ignore_patterns("_build", "generated", "auto_examples"))
+    with open(tmp / "docs" / "conf.py", "a", encoding="utf-8") as conf:
+        conf.write(_CAPTURE_CONF)
+
+    kept = {}
+    capture = types.ModuleType(_CAPTURE_MODULE)
+
+    def keep_globals(block, block_vars, gallery_conf):
+        # Called after every code block: the example's globals dict, the same object for all
+        # its blocks, holds its final state once the example has run.
+        kept[Path(block_vars["src_file"]).name] = block_vars["example_globals"]
+        return ""
+
+    capture.keep_globals = keep_globals
+    saved_env = {key: os.environ.get(key) for key in ["EBOUND_EXAMPLE_SIZE", "MPLBACKEND"]}
+    os.environ.update(EBOUND_EXAMPLE_SIZE="small", MPLBACKEND="Agg")
+    sys.modules[_CAPTURE_MODULE] = capture
+    n_threads = torch.get_num_threads()
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            status = build_main(["-W", "--keep-going", "-q", "-b", "html", str(tmp / "docs"),
+                                 str(tmp / "html")])
+    finally:
+        del sys.modules[_CAPTURE_MODULE]
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(n_threads)  # the examples set one thread
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
+    return DocsBuild(tmp, status, log.getvalue(), kept)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The docs build first: under pytest-xdist its worker starts on it while the others take
+    # the rest of the suite.
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

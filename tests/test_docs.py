@@ -1,45 +1,27 @@
 """The documentation builds with warnings as errors, its gallery with a figure per example.
 
-One build serves every check: it runs the examples at their small size (as
-tests/test_examples.py does) and is skipped without the docs extra.
+One build serves every check (the ``docs_build`` fixture of conftest.py, shared with
+tests/test_examples.py): it runs the examples at their small size and is skipped without the
+docs extra.
 """
 
 import hashlib
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sphinx")
-pytest.importorskip("numpydoc")
-pytest.importorskip("sphinx_gallery")
-pytest.importorskip("pydata_sphinx_theme")
-pytest.importorskip("matplotlib")
-
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("plot_*.py"))
 
+pytestmark = pytest.mark.xdist_group("docs")
+
 
 @pytest.fixture(scope="module")
-def docs(tmp_path_factory):
-    """Build a copy of the docs (generated pages never land in the checkout); return it."""
-    tmp = tmp_path_factory.mktemp("docs")
-    for folder in ["docs", "examples"]:
-        shutil.copytree(ROOT / folder, tmp / folder,
-                        ignore=shutil.ignore_patterns("_build", "generated", "auto_examples"))
-    out = tmp / "html"
-    completed = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         str(tmp / "docs"), str(out)],
-        capture_output=True, text=True,
-        env={**os.environ, "MPLBACKEND": "Agg", "EBOUND_EXAMPLE_SIZE": "small"},
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    return tmp
+def docs(docs_build):
+    """The built copy of the docs, once sphinx has built it without a warning."""
+    assert docs_build.status == 0, docs_build.log
+    return docs_build.root
 
 
 def test_docs_build_without_warnings(docs):

