@@ -4,8 +4,9 @@
 (every other weight bit-identical); :func:`refine_compressed` re-fits those pairs layer by
 layer on the inputs the compressed model itself gives them; :func:`distill_compressed` trains
 them all at once on the model's end-to-end output against the original's;
-:func:`embedding_fidelity`, :func:`perplexity` and :func:`compression_frontier` measure it
-against the original on held-out text.
+:func:`embedding_fidelity` (an encoder's sentence embeddings), :func:`perplexity` and
+:func:`next_token_kl` (a causal language model's next-token distributions) and
+:func:`compression_frontier` measure it against the original on held-out text.
 """
 
 import copy
@@ -22,7 +23,7 @@ from ._head_forms import (
     HeadBatches,
     augmented_weights,
     check_texts,
-    is_causal,
+    family_of,
     layers_of,
     model_source,
 )
@@ -30,40 +31,7 @@ from ._inputs import capture_inputs, require, token_batches
 from ._planning import plan_curves, plan_ranks
 
 __all__ = ["compress_heads", "refine_compressed", "distill_compressed", "embedding_fidelity",
-           "perplexity", "compression_frontier"]
-
-
-def _projection_names(naming, attention_module):
-    if naming == "bert":
-        return attention_module + ".query", attention_module + ".key"
-    if naming == "gpt2":
-        return attention_module + ".c_attn", attention_module + ".c_attn"
-    return attention_module + ".q_proj", attention_module + ".k_proj"
-
-
-def _write_head(model, naming, layer, head, kv_head, new_q, new_k):
-    """Write one head's ``W~_Q'`` and ``W~_K'`` (``(d + 1) x d_h``) into the model in place."""
-    torch = require("torch")
-    d, d_h = new_q.shape[0] - 1, new_q.shape[1]
-    q_name, k_name = _projection_names(naming, layer.attention_module)
-    for name, new, index, offset in ((q_name, new_q, head, 0), (k_name, new_k, kv_head, 1)):
-        module = model.get_submodule(name)
-        weight, bias = module.weight, getattr(module, "bias", None)
-        if bias is None and np.any(new[d] != 0):
-            raise ValueError(f"`{name}` has no bias but the rank-r form needs one.")
-        with torch.no_grad():
-            w = torch.as_tensor(new[:d], dtype=weight.dtype)
-            b = torch.as_tensor(new[d], dtype=weight.dtype)
-            if naming == "gpt2":  # Conv1D (d, 3 d): y = x W + b, [query | key | value]
-                cols = slice(offset * d + index * d_h, offset * d + (index + 1) * d_h)
-                weight[:, cols] = w
-                if bias is not None:
-                    bias[cols] = b
-            else:  # nn.Linear (n_heads d_h, d)
-                rows = slice(index * d_h, (index + 1) * d_h)
-                weight[rows] = w.T
-                if bias is not None:
-                    bias[rows] = b
+           "perplexity", "next_token_kl", "compression_frontier", "is_language_model"]
 
 
 def compress_heads(model, result, plan, *, method="trained"):
@@ -95,9 +63,10 @@ def compress_heads(model, result, plan, *, method="trained"):
         raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
     ranks = ({(row["layer"], row["head"]): row["rank"] for row in plan.rows}
              if isinstance(plan, ResultTable) else dict(plan))
-    naming, layers, _ = layers_of(model)
-    if naming != result.naming:
-        raise ValueError(f"The model is {naming}-style, the result {result.naming}-style.")
+    family, layers, _ = layers_of(model)
+    if family.name != result.naming:
+        raise ValueError(f"The model is {family.name}-style, the result "
+                         f"{result.naming}-style.")
     by_index = {layer.index: layer for layer in layers}
     compressed = copy.deepcopy(model)
     positions = {v: i for i, v in enumerate(result.layer_indices)}
@@ -110,7 +79,7 @@ def compress_heads(model, result, plan, *, method="trained"):
         li = positions[layer_index]
         layer = by_index[layer_index]
         new_q, new_k = result.factors(li, head, int(rank), method)
-        _write_head(compressed, naming, layer, head, int(layer.kv_index[head]), new_q, new_k)
+        family.write_head(compressed, layer, head, int(layer.kv_index[head]), new_q, new_k)
     return compressed
 
 
@@ -127,16 +96,16 @@ def _plan_ranks_of(plan, name="plan"):
 def _planned_heads(model, compressed, plan):
     """Check ``compressed`` against ``model`` and ``plan``; the heads at ``1 <= r < d_h``.
 
-    Returns ``naming``, ``{layer index: (layer, compressed layer)}`` and ``{layer index:
+    Returns the family adapter, ``{layer index: (layer, compressed layer)}`` and ``{layer index:
     [(head, rank), ...]}``.
     """
     if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
         raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
                         f"Got {type(compressed).__name__} instead.")
     ranks = _plan_ranks_of(plan)
-    naming, layers, _ = layers_of(model)
-    naming_c, c_layers, _ = layers_of(compressed)
-    if naming_c != naming or len(c_layers) != len(layers) or any(
+    family, layers, _ = layers_of(model)
+    family_c, c_layers, _ = layers_of(compressed)
+    if family_c is not family or len(c_layers) != len(layers) or any(
             a.w_q.shape != b.w_q.shape for a, b in zip(layers, c_layers, strict=True)):
         raise ValueError("`compressed` does not have the attention layers of `model` (is it "
                          "the compress_heads copy of this model?).")
@@ -158,8 +127,8 @@ def _planned_heads(model, compressed, plan):
                              f"integer in [0, {d_h}].")
         if 1 <= rank < d_h:
             todo.setdefault(layer_index, []).append((head, int(rank)))
-    if naming == "llama":  # rotary forms zero whole rotation planes, not the last columns
-        return naming, by_index, todo
+    if family.rotary:  # rotary forms zero whole rotation planes, not the last columns
+        return family, by_index, todo
     for layer_index in sorted(todo):
         layer, c_layer = by_index[layer_index]
         cq, ck, _ = augmented_weights(c_layer)
@@ -169,7 +138,7 @@ def _planned_heads(model, compressed, plan):
                 raise ValueError(f"Head {layer_index}.{head} of `compressed` has query or key "
                                  f"columns beyond its planned rank {rank}: is `plan` the plan "
                                  "it was compressed with?")
-    return naming, by_index, todo
+    return family, by_index, todo
 
 
 def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_steps=15,
@@ -257,15 +226,15 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                          f"{train_weighting!r}.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    naming, by_index, todo = _planned_heads(model, compressed, plan)
+    family, by_index, todo = _planned_heads(model, compressed, plan)
     refined = copy.deepcopy(compressed)
-    if naming == "llama":
+    if family.rotary:
         warnings.warn("Rotary heads are not refined (their rank-r forms keep whole rotation "
                       "planes and are not trained): the compressed model is returned as it "
                       "is.", RankEstimationWarning, stacklevel=2)
         return refined
     torch = require("torch")
-    causal = is_causal(model, naming)
+    causal = family.is_causal(model.config)
     d_h = next(iter(by_index.values()))[0].head_dim
     total, done = sum(len(v) for v in todo.values()), 0
     for layer_index in sorted(todo):
@@ -287,7 +256,7 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                 weighting=train_weighting)
             out_q, out_k = np.zeros_like(wq[head]), np.zeros_like(wk[g])
             out_q[:, :rank], out_k[:, :rank] = new_q, new_k
-            _write_head(refined, naming, layer, head, g, out_q, out_k)
+            family.write_head(refined, layer, head, g, out_q, out_k)
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -298,28 +267,12 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
 OBJECTIVES = ("embedding", "hidden", "layers")
 
 
-def _trainable_masks(model, naming, by_index, todo):
+def _trainable_masks(model, family, by_index, todo):
     """``{parameter name: bool mask}`` of the planned columns of the query and key projections."""
-    torch = require("torch")
-    params = dict(model.named_parameters())
     masks = {}
     for layer_index, heads in todo.items():
-        layer = by_index[layer_index][0]
-        q_name, k_name = _projection_names(naming, layer.attention_module)
-        for head, rank in heads:
-            for name, index, offset in ((q_name, head, 0), (k_name, int(layer.kv_index[head]), 1)):
-                for suffix in (".weight", ".bias"):
-                    if name + suffix not in params:
-                        continue
-                    p = params[name + suffix]
-                    mask = masks.setdefault(name + suffix, torch.zeros_like(p, dtype=torch.bool))
-                    d = layer.w_q.shape[1]
-                    if naming == "gpt2":  # Conv1D (d, 3 d): columns [query | key | value]
-                        cols = slice(offset * d + index * layer.head_dim,
-                                     offset * d + index * layer.head_dim + rank)
-                        mask[..., cols] = True
-                    else:  # nn.Linear (n_heads d_h, d): rows
-                        mask[index * layer.head_dim:index * layer.head_dim + rank] = True
+        for name, mask in family.column_masks(model, by_index[layer_index][0], heads).items():
+            masks[name] = masks[name] | mask if name in masks else mask
     return masks
 
 
@@ -466,9 +419,9 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
                          "for validation; it needs at least one, and one to train on.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    naming, by_index, todo = _planned_heads(model, compressed, plan)
+    family, by_index, todo = _planned_heads(model, compressed, plan)
     distilled = copy.deepcopy(compressed)
-    if naming == "llama":
+    if family.rotary:
         warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
                       "planes and are not trained): the compressed model is returned as it "
                       "is.", RankEstimationWarning, stacklevel=2)
@@ -478,7 +431,7 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     order = rng.permutation(len(texts))
     val_texts = [texts[i] for i in np.sort(order[:n_val])]
     train_texts = [texts[i] for i in order[n_val:]]
-    masks = _trainable_masks(distilled, naming, by_index, todo)
+    masks = _trainable_masks(distilled, family, by_index, todo)
     params = dict(distilled.named_parameters())
     flags = {name: p.requires_grad for name, p in params.items()}
     for name, p in params.items():
@@ -618,9 +571,109 @@ def perplexity(model, texts, tokenizer, *, max_length=128, batch_size=8):
     return float(np.exp(total / count))
 
 
-def _is_language_model(model):
-    getter = getattr(model, "get_output_embeddings", None)
-    return getter is not None and getter() is not None
+def next_token_kl(original, compressed, texts, tokenizer, *, max_length=128, batch_size=8):
+    """Mean KL divergence of a model's next-token distributions to the original's, per token.
+
+    At every position ``t`` of a text that has a next token, the original predicts ``p_t``
+    and the compressed model ``q_t`` (softmax of their logits over the vocabulary);
+    ``KL(p_t || q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v))`` in nats, zero if and only if
+    the two distributions agree. Beside the perplexity, which only scores the probability of
+    the token that came, it measures how much of the whole distribution the compression
+    kept: a model can keep its perplexity while moving mass among the tokens that did not
+    come.
+
+    Parameters
+    ----------
+    original, compressed : transformers causal language models
+        Models with a language-model head over the same vocabulary (``...ForCausalLM``).
+    texts : list of str
+        Held-out text (not the text the compression was calibrated on).
+    tokenizer : transformers tokenizer
+    max_length : int, default=128
+        Tokens per text at most.
+    batch_size : int, default=8
+        Texts per forward pass.
+
+    Returns
+    -------
+    table : ResultTable
+        Rows ``text`` (index), ``kl`` (mean over the text's predicted positions, NaN for a
+        one-token text) and ``n_tokens``; metadata ``mean_kl`` (the mean over all predicted
+        positions of all texts, token-weighted as the perplexity is), ``max_kl`` (the worst
+        text's mean), ``n_texts``, ``n_tokens``.
+
+    Examples
+    --------
+    >>> import transformers, torch
+    >>> from sklearn_ebound.heads import next_token_kl
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <...>
+    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2)
+    >>> model = transformers.GPT2LMHeadModel(config)
+    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
+    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
+    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> texts = ["one two three four", "five six seven eight"]
+    >>> next_token_kl(model, model, texts, tokenize).mean_kl
+    0.0
+    """
+    torch = require("torch")
+    texts = check_texts(texts, "texts")
+    for name, value in (("original", original), ("compressed", compressed)):
+        if not is_language_model(value):
+            raise TypeError(f"`{name}` must be a causal language model (a model with a "
+                            f"language-model head). Got {type(value).__name__} instead.")
+    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Got {value!r}.")
+    sums, counts = [], []
+    modes = original.training, compressed.training
+    original.eval()
+    compressed.eval()
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                p_logits, q_logits = original(**batch).logits, compressed(**batch).logits
+                if p_logits.shape != q_logits.shape:
+                    raise ValueError("`original` and `compressed` predict over different "
+                                     f"vocabularies ({p_logits.shape[-1]} and "
+                                     f"{q_logits.shape[-1]} tokens).")
+                mask = batch["attention_mask"].bool()
+                for row in range(mask.shape[0]):  # one text at a time: (n, V) in float64
+                    # position t predicts token t + 1: both must be real tokens
+                    keep = mask[row, :-1] & mask[row, 1:]
+                    log_p = torch.log_softmax(p_logits[row, :-1][keep].double(), -1)
+                    log_q = torch.log_softmax(q_logits[row, :-1][keep].double(), -1)
+                    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+                    sums.append(float(kl.sum()))
+                    counts.append(int(keep.sum()))
+    finally:
+        original.train(modes[0])
+        compressed.train(modes[1])
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("`texts` hold no token to predict (each needs at least two tokens).")
+    per_text = [s / n if n else float("nan") for s, n in zip(sums, counts, strict=True)]
+    return ResultTable([{"text": i, "kl": kl, "n_tokens": n}
+                        for i, (kl, n) in enumerate(zip(per_text, counts, strict=True))],
+                       mean_kl=float(sum(sums) / total), max_kl=float(np.nanmax(per_text)),
+                       n_texts=len(texts), n_tokens=total)
+
+
+def is_language_model(model):
+    """Whether ``model`` is a causal language model: a causal family with an LM head.
+
+    Its end-to-end measure is then the next-token one (:func:`perplexity`,
+    :func:`next_token_kl`); otherwise (an encoder, a bare decoder without its head) the
+    sentence embedding (:func:`embedding_fidelity`).
+    """
+    if not (hasattr(model, "state_dict") and hasattr(model, "config")):
+        return False
+    try:
+        family = family_of(model)
+    except ValueError:  # attention of no known family
+        return False
+    return family.is_language_model(model)
 
 
 STRATEGIES = {"uniform": ("data", "uniform"), "weight": ("weight", "tolerance"),
@@ -638,20 +691,22 @@ def compression_frontier(model, result, texts, tokenizer, *, budgets=(0.2, 0.3, 
 
     For a sentence-embedding model (no language-model head) the measure is the cosine of
     the mean-pooled normalised embeddings to the original's (mean and min over ``texts``);
-    for a causal language model, the perplexity on ``texts``.
+    for a causal language model (:func:`is_language_model`), the perplexity on ``texts``
+    and the mean KL divergence of the next-token distributions to the original's
+    (:func:`next_token_kl`).
 
     Returns
     -------
     frontier : ResultTable
         Rows ``strategy``, ``budget``, ``budget_used`` and ``mean_cosine``, ``min_cosine`` or
-        ``perplexity``; metadata ``measure`` and, for a language model,
+        ``perplexity``, ``kl``; metadata ``measure`` and, for a language model,
         ``perplexity_original``.
     """
     texts = check_texts(texts, "texts")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"`strategies` must be among {list(STRATEGIES)}. Got {unknown}.")
-    lm = _is_language_model(model)
+    lm = is_language_model(model)
     meta = {"measure": "perplexity" if lm else "cosine"}
     reference = None
     if lm:
@@ -671,6 +726,8 @@ def compression_frontier(model, result, texts, tokenizer, *, budgets=(0.2, 0.3, 
             if lm:
                 row["perplexity"] = perplexity(compressed, texts, tokenizer,
                                                max_length=max_length)
+                row["kl"] = next_token_kl(model, compressed, texts, tokenizer,
+                                          max_length=max_length).mean_kl
             else:
                 cos = np.sum(reference * _embeddings(compressed, texts, tokenizer, max_length,
                                                      batch_size), axis=1)

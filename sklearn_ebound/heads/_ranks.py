@@ -31,7 +31,7 @@ from ._inputs import (
     rope_tables,
     rotate_half,
 )
-from ._weights import extract_layers
+from ._weights import family_layers
 
 __all__ = ["HeadRankResult", "head_ranks"]
 
@@ -384,8 +384,8 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     taus = _check_taus(taus)
     state, model, tokenizer, n_heads, n_kv_heads, theta = _source(
         model_or_weights, n_heads, n_kv_heads, tokenizer)
-    naming, layers = extract_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming)
-    rotary = naming == "llama"
+    family, layers = family_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming)
+    rotary = family.rotary
     theta = float(rope_theta if rope_theta is not None else theta or 10000.0)
     d_model = layers[0].w_q.shape[1]
 
@@ -422,7 +422,7 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     with threadpool_limits(limits=1, user_api="blas"):
         rows, kernel_all, field_all = _table(layers, sequences, rotations, taus, bias,
                                              model_space)
-    meta = dict(naming=naming, n_layers=len(layers), n_heads=n_heads,
+    meta = dict(naming=family.name, n_layers=len(layers), n_heads=n_heads,
                 n_kv_heads=layers[0].n_kv_heads, head_dim=layers[0].head_dim, d_model=d_model,
                 rotary=rotary, bias=bias, taus=list(taus), kernel_spectra=np.stack(kernel_all))
     if sequences is not None:
