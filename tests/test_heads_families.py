@@ -268,3 +268,46 @@ def test_the_namings_are_the_adapters_names():
     assert family("gpt2").is_causal(None) and not family("bert").is_causal(None)
     with pytest.raises(ValueError, match="`naming` must be one of"):
         family("t5")
+
+
+def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
+    # `ebound heads --compress` on a saved GPT-2 LM with its own tokenizer. The loader is the
+    # causal-LM one (what `load_pretrained` returns for a config whose architectures name a
+    # causal LM): the CLI writes the class it was given and measures it by next tokens.
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    import sklearn_ebound.heads as heads
+    from sklearn_ebound.cli import build_parser
+
+    texts = TEXTS + HELD_OUT
+    words = sorted({w for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + words)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
+                                                     unk_token="[UNK]")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_embd=16, n_head=2, n_layer=2, vocab_size=len(vocab), tie_word_embeddings=False))
+    source, target = tmp_path / "lm", tmp_path / "small"
+    model.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    (tmp_path / "text.txt").write_text("\n".join(texts))
+
+    def load_causal_lm(path):
+        return (transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True),
+                transformers.AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+    monkeypatch.setattr(heads, "load_pretrained", load_causal_lm)
+    args = build_parser().parse_args([
+        "heads", str(source), "--text", str(tmp_path / "text.txt"), "--compress", str(target),
+        "--budget", "0.5", "--json", "--out", str(tmp_path / "out")])
+    assert args.run(args) == 0
+    fidelity = json.loads(capsys.readouterr().out)["fidelity"]
+    assert fidelity["measure"] == "perplexity and next-token KL" and fidelity["mean_kl"] > 0
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+        target, local_files_only=True, output_loading_info=True)
+    assert type(loaded) is transformers.GPT2LMHeadModel and not info["missing_keys"]
+    assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
