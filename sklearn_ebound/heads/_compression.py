@@ -11,6 +11,7 @@ them all at once on the model's end-to-end output against the original's;
 
 import copy
 import warnings
+from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
@@ -398,6 +399,39 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
 
     model, tokenizer = model_source(model, tokenizer)
     texts = check_texts(texts, "texts")
+    n_val = _check_distillation(objective, max_epochs, learning_rate, validation, patience,
+                                token_noise, max_length, batch_size, progress, len(texts))
+    family, by_index, todo = _planned_heads(model, compressed, plan)
+    distilled = copy.deepcopy(compressed)
+    if family.rotary:
+        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
+                      "planes and are not trained): the compressed model is returned as it "
+                      "is.", RankEstimationWarning, stacklevel=2)
+        return distilled
+    rng = check_random_state(random_state)
+    order = rng.permutation(len(texts))
+    val_texts = [texts[i] for i in np.sort(order[:n_val])]
+    train_texts = [texts[i] for i in order[n_val:]]
+    masks = _trainable_masks(distilled, family, by_index, todo)
+    was_training = model.training
+    model.eval()
+    distilled.eval()  # no dropout: the objective is the deterministic model's
+    noise = _TokenNoise(model, tokenizer, token_noise, rng) if token_noise else None
+    teacher = _Teacher(model, tokenizer, objective, max_length, batch_size)
+    train, val = teacher.batches(train_texts), teacher.batches(val_texts)
+    with _only_trainable(distilled, masks) as params:
+        history, best_epoch = _distill_epochs(
+            distilled, params, masks, train, val, teacher, noise,
+            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience), rng,
+            progress)
+    model.train(was_training)
+    distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
+    return distilled
+
+
+def _check_distillation(objective, max_epochs, learning_rate, validation, patience,
+                        token_noise, max_length, batch_size, progress, n_texts):
+    """Check :func:`distill_compressed`'s options; the number of validation texts."""
     if objective not in OBJECTIVES:
         raise ValueError(f"`objective` must be one of {list(OBJECTIVES)}. Got {objective!r}.")
     for name, value in (("max_epochs", max_epochs), ("patience", patience),
@@ -413,111 +447,143 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     if isinstance(token_noise, bool) or not isinstance(token_noise, Real) or not (
             0 <= token_noise < 1):
         raise ValueError(f"`token_noise` must be a float in [0, 1). Got {token_noise!r}.")
-    n_val = int(round(validation * len(texts)))
-    if not 1 <= n_val < len(texts):
-        raise ValueError(f"`validation`={validation} leaves {n_val} of the {len(texts)} texts "
+    n_val = int(round(validation * n_texts))
+    if not 1 <= n_val < n_texts:
+        raise ValueError(f"`validation`={validation} leaves {n_val} of the {n_texts} texts "
                          "for validation; it needs at least one, and one to train on.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    family, by_index, todo = _planned_heads(model, compressed, plan)
-    distilled = copy.deepcopy(compressed)
-    if family.rotary:
-        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
-                      "planes and are not trained): the compressed model is returned as it "
-                      "is.", RankEstimationWarning, stacklevel=2)
-        return distilled
-    torch = require("torch")
-    rng = check_random_state(random_state)
-    order = rng.permutation(len(texts))
-    val_texts = [texts[i] for i in np.sort(order[:n_val])]
-    train_texts = [texts[i] for i in order[n_val:]]
-    masks = _trainable_masks(distilled, family, by_index, todo)
-    params = dict(distilled.named_parameters())
-    flags = {name: p.requires_grad for name, p in params.items()}
-    for name, p in params.items():
-        p.requires_grad_(name in masks)
-    trainable = [params[name] for name in masks]
-    frozen = {name: params[name].detach().clone() for name in masks}
-    was_training = model.training
-    model.eval()
-    distilled.eval()  # no dropout: the objective is the deterministic model's
+    return n_val
 
-    def batches(part):
-        out = []
-        for batch in token_batches(tokenizer, part, max_length, batch_size):
-            batch = dict(batch)
-            with torch.no_grad():
-                target = model(**batch, output_hidden_states=True).hidden_states
-            keep = target[-1:] if objective != "layers" else target
-            out.append((batch, tuple(t.detach() for t in keep)))
-        return out
 
-    def loss_of(batch, target):
-        hidden = distilled(**batch, output_hidden_states=True).hidden_states
-        return _distillation_loss(objective, hidden, target, batch["attention_mask"])
+class _Teacher:
+    """The original model's targets for the distillation objective, batch by batch."""
 
-    def evaluate(part):
+    def __init__(self, model, tokenizer, objective, max_length, batch_size):
+        self.model, self.tokenizer, self.objective = model, tokenizer, objective
+        self.max_length, self.batch_size = max_length, batch_size
+
+    def targets(self, batch):
+        """The hidden states the objective compares: the last one, or all for ``"layers"``."""
+        torch = require("torch")
         with torch.no_grad():
-            losses = [float(loss_of(b, t)) * len(b["input_ids"]) for b, t in part]
-        return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
+            hidden = self.model(**batch, output_hidden_states=True).hidden_states
+        keep = hidden if self.objective == "layers" else hidden[-1:]
+        return tuple(t.detach() for t in keep)
 
-    vocabulary = np.setdiff1d(np.arange(int(model.config.vocab_size)),
-                              list(getattr(tokenizer, "all_special_ids", None) or []))
-    special = torch.as_tensor(np.setdiff1d(np.arange(int(model.config.vocab_size)),
-                                           vocabulary))
+    def batches(self, texts):
+        """``[(batch, targets), ...]`` of ``texts``."""
+        return [(dict(batch), self.targets(dict(batch))) for batch in
+                token_batches(self.tokenizer, texts, self.max_length, self.batch_size)]
 
-    def corrupt(batch):
-        """A copy of ``batch`` with a share ``token_noise`` of its tokens drawn at random."""
+
+class _TokenNoise:
+    """Copies of a batch in which a share of the tokens is drawn uniformly from the vocabulary.
+
+    Padding and special tokens are kept; the draws come from ``rng``, fresh at every call.
+    """
+
+    def __init__(self, model, tokenizer, share, rng):
+        torch = require("torch")
+        everything = np.arange(int(model.config.vocab_size))
+        self.vocabulary = np.setdiff1d(
+            everything, list(getattr(tokenizer, "all_special_ids", None) or []))
+        self.special = torch.as_tensor(np.setdiff1d(everything, self.vocabulary))
+        self.share, self.rng = share, rng
+
+    def __call__(self, batch):
+        torch = require("torch")
         ids = batch["input_ids"]
-        keep = (batch["attention_mask"] == 0) | torch.isin(ids, special)
-        draw = torch.as_tensor(rng.random_sample(ids.shape) < token_noise) & ~keep
-        new = torch.as_tensor(vocabulary[rng.randint(len(vocabulary), size=ids.shape)],
+        keep = (batch["attention_mask"] == 0) | torch.isin(ids, self.special)
+        draw = torch.as_tensor(self.rng.random_sample(ids.shape) < self.share) & ~keep
+        new = torch.as_tensor(self.vocabulary[self.rng.randint(len(self.vocabulary),
+                                                               size=ids.shape)],
                               dtype=ids.dtype)
         return dict(batch, input_ids=torch.where(draw, new, ids))
 
-    train, val = batches(train_texts), batches(val_texts)
-    optimizer = torch.optim.Adam(trainable, lr=float(learning_rate))
-    history = {"train_loss": [evaluate(train)], "validation_loss": [evaluate(val)]}
-    best, best_epoch, stale = history["validation_loss"][0], 0, 0
-    best_state = {name: params[name].detach().clone() for name in masks}
-    for epoch in range(1, max_epochs + 1):
+
+@contextmanager
+def _only_trainable(model, masks):
+    """Gradients only for the masked parameters while inside; ``{name: parameter}`` of all."""
+    params = dict(model.named_parameters())
+    flags = {name: p.requires_grad for name, p in params.items()}
+    for name, p in params.items():
+        p.requires_grad_(name in masks)
+    try:
+        yield params
+    finally:
+        for name, p in params.items():
+            p.requires_grad_(flags[name])
+
+
+def _objective(student, teacher, batch, target):
+    """The distillation objective of ``student`` on one batch against the teacher's target."""
+    hidden = student(**batch, output_hidden_states=True).hidden_states
+    return _distillation_loss(teacher.objective, hidden, target, batch["attention_mask"])
+
+
+def _mean_objective(student, teacher, part):
+    """The objective over batches ``part``, weighted by their texts."""
+    torch = require("torch")
+    with torch.no_grad():
+        losses = [float(_objective(student, teacher, b, t)) * len(b["input_ids"])
+                  for b, t in part]
+    return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
+
+
+def _distill_step(student, params, masks, frozen, optimizer, teacher, noise, batch, target):
+    """One Adam step on one batch (and its noisy copy); entries outside the masks are reset."""
+    torch = require("torch")
+    optimizer.zero_grad()
+    loss = _objective(student, teacher, batch, target)
+    if noise is not None:
+        noisy = noise(batch)
+        loss = 0.5 * (loss + _objective(student, teacher, noisy, teacher.targets(noisy)))
+    loss.backward()
+    for name, p in params.items():
+        if name in masks and p.grad is not None:
+            p.grad.mul_(masks[name])
+    optimizer.step()
+    with torch.no_grad():  # every entry outside the planned columns as it was
+        for name in masks:
+            params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
+
+
+def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule, rng,
+                    progress):
+    """Epochs of :func:`_distill_step` with early stopping; the best state is left in place.
+
+    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training) and
+    the best epoch (0 when none improved on the start).
+    """
+    torch = require("torch")
+
+    def snapshot():
+        return {name: params[name].detach().clone() for name in masks}
+
+    frozen = snapshot()
+    optimizer = torch.optim.Adam([params[name] for name in masks], lr=schedule["lr"])
+    history = {"train_loss": [_mean_objective(student, teacher, train)],
+               "validation_loss": [_mean_objective(student, teacher, val)]}
+    best, best_epoch, stale, best_state = history["validation_loss"][0], 0, 0, snapshot()
+    for epoch in range(1, schedule["max_epochs"] + 1):
         for i in rng.permutation(len(train)):
-            batch, target = train[i]
-            optimizer.zero_grad()
-            loss = loss_of(batch, target)
-            if token_noise:
-                noisy = corrupt(batch)
-                with torch.no_grad():
-                    noisy_target = model(**noisy, output_hidden_states=True).hidden_states
-                loss = 0.5 * (loss + loss_of(noisy, noisy_target if objective == "layers"
-                                              else noisy_target[-1:]))
-            loss.backward()
-            for name, p in params.items():
-                if name in masks and p.grad is not None:
-                    p.grad.mul_(masks[name])
-            optimizer.step()
-            with torch.no_grad():  # every entry outside the planned columns as it was
-                for name in masks:
-                    params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
-        history["train_loss"].append(evaluate(train))
-        history["validation_loss"].append(evaluate(val))
+            _distill_step(student, params, masks, frozen, optimizer, teacher, noise, *train[i])
+        history["train_loss"].append(_mean_objective(student, teacher, train))
+        history["validation_loss"].append(_mean_objective(student, teacher, val))
         if progress is not None:
-            progress(epoch, max_epochs)
+            progress(epoch, schedule["max_epochs"])
         if history["validation_loss"][-1] < best:
             best, best_epoch, stale = history["validation_loss"][-1], epoch, 0
-            best_state = {name: params[name].detach().clone() for name in masks}
+            best_state = snapshot()
         else:
             stale += 1
-            if stale >= patience:
+            if stale >= schedule["patience"]:
                 break
     with torch.no_grad():
         for name in masks:
             params[name].copy_(best_state[name])
-    for name, p in params.items():
-        p.requires_grad_(flags[name])
-    model.train(was_training)
-    distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
-    return distilled
+    return history, best_epoch
 
 
 def _embeddings(model, texts, tokenizer, max_length, batch_size):

@@ -389,33 +389,8 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     theta = float(rope_theta if rope_theta is not None else theta or 10000.0)
     d_model = layers[0].w_q.shape[1]
 
-    sequences = rotations = None
-    if inputs is not None:
-        inputs = list(inputs)
-        if inputs and all(isinstance(x, str) for x in inputs):
-            if model is None:
-                raise ValueError("Text inputs need a model to run, not a state dict; pass the "
-                                 "model or the hidden states of each layer.")
-            if tokenizer is None:
-                raise ValueError("Text inputs need a `tokenizer`.")
-            require("transformers")
-            sequences, rotations = capture_inputs(model, layers, inputs, tokenizer,
-                                                  rotary=rotary, max_length=max_length,
-                                                  batch_size=batch_size)
-        else:
-            if len(inputs) != len(layers):
-                raise ValueError(f"`inputs` must hold the hidden states of each of the "
-                                 f"{len(layers)} layers. Got {len(inputs)} entries.")
-            sequences = [_as_sequences(x, d_model, f"inputs[{i}]")
-                         for i, x in enumerate(inputs)]
-            rotations = [None] * len(layers)
-        if rotary:
-            # Default rotary tables at positions 0..n_s-1 where the model passed none.
-            rotations = [[rot if rot is not None else rope_tables(len(x), layer.head_dim, theta)
-                          for x, rot in zip(seqs, rots or [None] * len(seqs), strict=True)]
-                         for layer, seqs, rots in zip(layers, sequences, rotations, strict=True)]
-        else:
-            rotations = [None] * len(layers)
+    sequences, rotations = _layer_inputs(inputs, model, tokenizer, layers, rotary, theta,
+                                         max_length, batch_size)
 
     # The spectra are many small factorisations: one BLAS thread is fastest, and several
     # spin against torch's OpenMP workers after a forward pass (a 100x slowdown measured).
@@ -429,6 +404,44 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
         meta.update(field_spectra=np.stack(field_all), n_sequences=len(sequences[0]),
                     n_tokens=int(sum(len(x) for x in sequences[0])))
     return HeadRankResult(rows, **meta)
+
+
+def _layer_inputs(inputs, model, tokenizer, layers, rotary, theta, max_length, batch_size):
+    """``(sequences, rotations)`` of every layer from ``inputs``; ``(None, None)`` without.
+
+    Text is run through ``model`` (its own rotary tables captured); hidden states are taken
+    as given, with the default rotary tables at positions ``0 .. n_s - 1`` for a rotary
+    layout.
+    """
+    if inputs is None:
+        return None, None
+    d_model = layers[0].w_q.shape[1]
+    inputs = list(inputs)
+    if inputs and all(isinstance(x, str) for x in inputs):
+        if model is None:
+            raise ValueError("Text inputs need a model to run, not a state dict; pass the "
+                             "model or the hidden states of each layer.")
+        if tokenizer is None:
+            raise ValueError("Text inputs need a `tokenizer`.")
+        require("transformers")
+        sequences, rotations = capture_inputs(model, layers, inputs, tokenizer,
+                                              rotary=rotary, max_length=max_length,
+                                              batch_size=batch_size)
+    else:
+        if len(inputs) != len(layers):
+            raise ValueError(f"`inputs` must hold the hidden states of each of the "
+                             f"{len(layers)} layers. Got {len(inputs)} entries.")
+        sequences = [_as_sequences(x, d_model, f"inputs[{i}]")
+                     for i, x in enumerate(inputs)]
+        rotations = [None] * len(layers)
+    if rotary:
+        # Default rotary tables at positions 0..n_s-1 where the model passed none.
+        rotations = [[rot if rot is not None else rope_tables(len(x), layer.head_dim, theta)
+                      for x, rot in zip(seqs, rots or [None] * len(seqs), strict=True)]
+                     for layer, seqs, rots in zip(layers, sequences, rotations, strict=True)]
+    else:
+        rotations = [None] * len(layers)
+    return sequences, rotations
 
 
 def _table(layers, sequences, rotations, taus, bias, model_space):
