@@ -158,6 +158,20 @@ def test_refine_and_distill_keep_the_causal_lm_class(word_tokenizer):
         assert all(_is_query_or_key(k) for k in before if not torch.equal(before[k], after[k]))
 
 
+def test_frontier_and_predictors_on_a_causal_lm(word_tokenizer):
+    from sklearn_ebound.heads import compression_frontier, head_predictors
+
+    model = causal_lm("gpt2")
+    tokenizer = word_tokenizer(VOCAB)
+    result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",))
+    frontier = compression_frontier(model, result, HELD_OUT, tokenizer, budgets=(0.25, 1.0),
+                                    strategies=("uniform",))
+    kl = {row["budget"]: row["kl"] for row in frontier.rows}
+    assert kl[1.0] < 1e-9 < kl[0.25]
+    predictors = head_predictors(model, TEXTS[:8], tokenizer=tokenizer, layers=[0], window=4)
+    assert len(predictors.rows) == model.config.n_head
+
+
 def test_head_ranks_read_the_causal_lm_as_its_base_model():
     model = causal_lm("llama")
     with_head, bare = head_ranks(model), head_ranks(model.model)
