@@ -7,8 +7,11 @@ map of every rank column and the spectra of one head (PNG, when matplotlib is in
 ``ebound heads MODEL_DIR --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
 the deficiency curve of every head on the text (half calibration, half evaluation), prints
 the per-head eps-ranks and the planned ranks, writes the curves, the plan and their plots
-under ``--out`` and the compressed model (a Hugging Face directory) to ``OUT_DIR``, and
-reports its embedding cosine (or perplexity) to the original on the evaluation half.
+under ``--out`` and the compressed model (a Hugging Face directory of the class it was given,
+a causal LM with its head included) to ``OUT_DIR``, and reports, on the evaluation half, the
+measure that fits the model and which one it used: for a causal language model the perplexity
+(and its ratio to the original's) and the mean KL divergence of the next-token distributions
+to the original's; for an encoder the cosine of the sentence embeddings to the original's.
 ``--refine sequential`` re-fits the compressed pairs layer by layer on the compressed model's
 own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
 against the original's output on the calibration half (the sentence embedding of a model
@@ -229,10 +232,9 @@ def _compress(args, model_dir, texts, out, focus):
     from ..heads import (
         compress_heads,
         distill_compressed,
-        embedding_fidelity,
         head_deficiency,
+        is_language_model,
         load_pretrained,
-        perplexity,
         plan_ranks,
         refine_compressed,
     )
@@ -258,7 +260,7 @@ def _compress(args, model_dir, texts, out, focus):
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
     calibration = [texts[i] for i in result.calibration_index]
-    language_model = getattr(model, "get_output_embeddings", lambda: None)() is not None
+    language_model = is_language_model(model)
     if args.refine == "sequential":
         compressed = refine_compressed(model, compressed, plan, calibration,
                                        tokenizer=tokenizer, train_steps=args.train_steps or 15,
@@ -276,18 +278,7 @@ def _compress(args, model_dir, texts, out, focus):
     compressed.save_pretrained(target)
     tokenizer.save_pretrained(target)
     evaluation = [texts[i] for i in result.evaluation_index]
-    if language_model:
-        fidelity = {"measure": "perplexity",
-                    "original": perplexity(model, evaluation, tokenizer),
-                    "compressed": perplexity(compressed, evaluation, tokenizer)}
-        measured = (f"perplexity on the evaluation half {fidelity['compressed']:.4g} "
-                    f"(original {fidelity['original']:.4g})")
-    else:
-        table = embedding_fidelity(model, compressed, evaluation, tokenizer,
-                                   max_length=args.max_length)
-        fidelity = {"measure": "cosine", "mean": table.mean_cosine, "min": table.min_cosine}
-        measured = (f"embedding cosine to the original on the evaluation half: mean "
-                    f"{table.mean_cosine:.4f}, min {table.min_cosine:.4f}")
+    fidelity, measured = _fidelity(model, compressed, evaluation, tokenizer, args.max_length)
     eps_table = result.eps_ranks()
     trained_curves = result.curves("trained")
     planned = {(r["layer"], r["head"]): r for r in plan.rows}
@@ -329,6 +320,36 @@ def _compress(args, model_dir, texts, out, focus):
                heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
                "compressed_model": str(target), "files": [str(p) for p in files]}
     return report, payload
+
+
+def _fidelity(model, compressed, texts, tokenizer, max_length):
+    """The end-to-end measure that fits the model, on ``texts``: ``(payload, report phrase)``.
+
+    A causal language model (an LM head on causal attention) is measured by what it predicts:
+    the perplexity, its ratio to the original's and the mean next-token KL divergence to the
+    original; any other model (an encoder, a decoder without its head) by the cosine of its
+    mean-pooled sentence embeddings to the original's.
+    """
+    from ..heads import embedding_fidelity, is_language_model, next_token_kl, perplexity
+
+    if is_language_model(model):
+        original = perplexity(model, texts, tokenizer, max_length=max_length)
+        value = perplexity(compressed, texts, tokenizer, max_length=max_length)
+        kl = next_token_kl(model, compressed, texts, tokenizer, max_length=max_length)
+        fidelity = {"measure": "perplexity and next-token KL", "original": original,
+                    "compressed": value, "ratio": value / original, "mean_kl": kl.mean_kl,
+                    "max_kl": kl.max_kl}
+        return fidelity, (
+            f"measure: next-token prediction (a causal language model) on the evaluation "
+            f"half, perplexity {value:.4g} against the original's {original:.4g} "
+            f"({value / original:.3f}x), mean KL to the original {kl.mean_kl:.4g} nats per "
+            f"token (worst line {kl.max_kl:.4g})")
+    table = embedding_fidelity(model, compressed, texts, tokenizer, max_length=max_length)
+    fidelity = {"measure": "cosine", "mean": table.mean_cosine, "min": table.min_cosine}
+    return fidelity, (
+        f"measure: sentence-embedding cosine to the original (a model without a causal "
+        f"language-model head) on the evaluation half, mean {table.mean_cosine:.4f}, "
+        f"min {table.min_cosine:.4f}")
 
 
 def _deficiency_pngs(result, out, focus):

@@ -9,7 +9,8 @@ or of a plain state dict, and, given text, the logit field the head produces on 
 needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model
 (:func:`refine_compressed` re-fits its pairs layer by layer on its own inputs,
 :func:`distill_compressed` trains them end to end against the original's output),
-:func:`compression_frontier`, :func:`embedding_fidelity` and :func:`perplexity` measure it end
+:func:`compression_frontier`, :func:`embedding_fidelity` (an encoder), :func:`perplexity`
+and :func:`next_token_kl` (a causal language model, :func:`is_language_model`) measure it end
 to end. Running models needs the optional ``heads`` extra (``transformers``,
 ``safetensors``); state dicts of numpy arrays need nothing more than numpy.
 :class:`~sklearn_ebound.display.HeadRankDisplay`,
@@ -22,6 +23,8 @@ from ._compression import (
     compression_frontier,
     distill_compressed,
     embedding_fidelity,
+    is_language_model,
+    next_token_kl,
     perplexity,
     refine_compressed,
 )
@@ -53,6 +56,8 @@ __all__ = [
     "compression_frontier",
     "embedding_fidelity",
     "perplexity",
+    "next_token_kl",
+    "is_language_model",
     "docstring_sentences",
     "CALIBRATION_MODULES",
     "HELD_OUT_MODULES",

@@ -4,12 +4,14 @@
 (every other weight bit-identical); :func:`refine_compressed` re-fits those pairs layer by
 layer on the inputs the compressed model itself gives them; :func:`distill_compressed` trains
 them all at once on the model's end-to-end output against the original's;
-:func:`embedding_fidelity`, :func:`perplexity` and :func:`compression_frontier` measure it
-against the original on held-out text.
+:func:`embedding_fidelity` (an encoder's sentence embeddings), :func:`perplexity` and
+:func:`next_token_kl` (a causal language model's next-token distributions) and
+:func:`compression_frontier` measure it against the original on held-out text.
 """
 
 import copy
 import warnings
+from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
@@ -22,7 +24,7 @@ from ._head_forms import (
     HeadBatches,
     augmented_weights,
     check_texts,
-    is_causal,
+    family_of,
     layers_of,
     model_source,
 )
@@ -30,40 +32,7 @@ from ._inputs import capture_inputs, require, token_batches
 from ._planning import plan_curves, plan_ranks
 
 __all__ = ["compress_heads", "refine_compressed", "distill_compressed", "embedding_fidelity",
-           "perplexity", "compression_frontier"]
-
-
-def _projection_names(naming, attention_module):
-    if naming == "bert":
-        return attention_module + ".query", attention_module + ".key"
-    if naming == "gpt2":
-        return attention_module + ".c_attn", attention_module + ".c_attn"
-    return attention_module + ".q_proj", attention_module + ".k_proj"
-
-
-def _write_head(model, naming, layer, head, kv_head, new_q, new_k):
-    """Write one head's ``W~_Q'`` and ``W~_K'`` (``(d + 1) x d_h``) into the model in place."""
-    torch = require("torch")
-    d, d_h = new_q.shape[0] - 1, new_q.shape[1]
-    q_name, k_name = _projection_names(naming, layer.attention_module)
-    for name, new, index, offset in ((q_name, new_q, head, 0), (k_name, new_k, kv_head, 1)):
-        module = model.get_submodule(name)
-        weight, bias = module.weight, getattr(module, "bias", None)
-        if bias is None and np.any(new[d] != 0):
-            raise ValueError(f"`{name}` has no bias but the rank-r form needs one.")
-        with torch.no_grad():
-            w = torch.as_tensor(new[:d], dtype=weight.dtype)
-            b = torch.as_tensor(new[d], dtype=weight.dtype)
-            if naming == "gpt2":  # Conv1D (d, 3 d): y = x W + b, [query | key | value]
-                cols = slice(offset * d + index * d_h, offset * d + (index + 1) * d_h)
-                weight[:, cols] = w
-                if bias is not None:
-                    bias[cols] = b
-            else:  # nn.Linear (n_heads d_h, d)
-                rows = slice(index * d_h, (index + 1) * d_h)
-                weight[rows] = w.T
-                if bias is not None:
-                    bias[rows] = b
+           "perplexity", "next_token_kl", "compression_frontier", "is_language_model"]
 
 
 def compress_heads(model, result, plan, *, method="trained"):
@@ -95,9 +64,10 @@ def compress_heads(model, result, plan, *, method="trained"):
         raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
     ranks = ({(row["layer"], row["head"]): row["rank"] for row in plan.rows}
              if isinstance(plan, ResultTable) else dict(plan))
-    naming, layers, _ = layers_of(model)
-    if naming != result.naming:
-        raise ValueError(f"The model is {naming}-style, the result {result.naming}-style.")
+    family, layers, _ = layers_of(model)
+    if family.name != result.naming:
+        raise ValueError(f"The model is {family.name}-style, the result "
+                         f"{result.naming}-style.")
     by_index = {layer.index: layer for layer in layers}
     compressed = copy.deepcopy(model)
     positions = {v: i for i, v in enumerate(result.layer_indices)}
@@ -110,7 +80,7 @@ def compress_heads(model, result, plan, *, method="trained"):
         li = positions[layer_index]
         layer = by_index[layer_index]
         new_q, new_k = result.factors(li, head, int(rank), method)
-        _write_head(compressed, naming, layer, head, int(layer.kv_index[head]), new_q, new_k)
+        family.write_head(compressed, layer, head, int(layer.kv_index[head]), new_q, new_k)
     return compressed
 
 
@@ -127,16 +97,16 @@ def _plan_ranks_of(plan, name="plan"):
 def _planned_heads(model, compressed, plan):
     """Check ``compressed`` against ``model`` and ``plan``; the heads at ``1 <= r < d_h``.
 
-    Returns ``naming``, ``{layer index: (layer, compressed layer)}`` and ``{layer index:
+    Returns the family adapter, ``{layer index: (layer, compressed layer)}`` and ``{layer index:
     [(head, rank), ...]}``.
     """
     if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
         raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
                         f"Got {type(compressed).__name__} instead.")
     ranks = _plan_ranks_of(plan)
-    naming, layers, _ = layers_of(model)
-    naming_c, c_layers, _ = layers_of(compressed)
-    if naming_c != naming or len(c_layers) != len(layers) or any(
+    family, layers, _ = layers_of(model)
+    family_c, c_layers, _ = layers_of(compressed)
+    if family_c is not family or len(c_layers) != len(layers) or any(
             a.w_q.shape != b.w_q.shape for a, b in zip(layers, c_layers, strict=True)):
         raise ValueError("`compressed` does not have the attention layers of `model` (is it "
                          "the compress_heads copy of this model?).")
@@ -158,8 +128,8 @@ def _planned_heads(model, compressed, plan):
                              f"integer in [0, {d_h}].")
         if 1 <= rank < d_h:
             todo.setdefault(layer_index, []).append((head, int(rank)))
-    if naming == "llama":  # rotary forms zero whole rotation planes, not the last columns
-        return naming, by_index, todo
+    if family.rotary:  # rotary forms zero whole rotation planes, not the last columns
+        return family, by_index, todo
     for layer_index in sorted(todo):
         layer, c_layer = by_index[layer_index]
         cq, ck, _ = augmented_weights(c_layer)
@@ -169,7 +139,7 @@ def _planned_heads(model, compressed, plan):
                 raise ValueError(f"Head {layer_index}.{head} of `compressed` has query or key "
                                  f"columns beyond its planned rank {rank}: is `plan` the plan "
                                  "it was compressed with?")
-    return naming, by_index, todo
+    return family, by_index, todo
 
 
 def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_steps=15,
@@ -257,15 +227,15 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                          f"{train_weighting!r}.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    naming, by_index, todo = _planned_heads(model, compressed, plan)
+    family, by_index, todo = _planned_heads(model, compressed, plan)
     refined = copy.deepcopy(compressed)
-    if naming == "llama":
+    if family.rotary:
         warnings.warn("Rotary heads are not refined (their rank-r forms keep whole rotation "
                       "planes and are not trained): the compressed model is returned as it "
                       "is.", RankEstimationWarning, stacklevel=2)
         return refined
     torch = require("torch")
-    causal = is_causal(model, naming)
+    causal = family.is_causal(model.config)
     d_h = next(iter(by_index.values()))[0].head_dim
     total, done = sum(len(v) for v in todo.values()), 0
     for layer_index in sorted(todo):
@@ -287,7 +257,7 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
                 weighting=train_weighting)
             out_q, out_k = np.zeros_like(wq[head]), np.zeros_like(wk[g])
             out_q[:, :rank], out_k[:, :rank] = new_q, new_k
-            _write_head(refined, naming, layer, head, g, out_q, out_k)
+            family.write_head(refined, layer, head, g, out_q, out_k)
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -298,28 +268,12 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
 OBJECTIVES = ("embedding", "hidden", "layers")
 
 
-def _trainable_masks(model, naming, by_index, todo):
+def _trainable_masks(model, family, by_index, todo):
     """``{parameter name: bool mask}`` of the planned columns of the query and key projections."""
-    torch = require("torch")
-    params = dict(model.named_parameters())
     masks = {}
     for layer_index, heads in todo.items():
-        layer = by_index[layer_index][0]
-        q_name, k_name = _projection_names(naming, layer.attention_module)
-        for head, rank in heads:
-            for name, index, offset in ((q_name, head, 0), (k_name, int(layer.kv_index[head]), 1)):
-                for suffix in (".weight", ".bias"):
-                    if name + suffix not in params:
-                        continue
-                    p = params[name + suffix]
-                    mask = masks.setdefault(name + suffix, torch.zeros_like(p, dtype=torch.bool))
-                    d = layer.w_q.shape[1]
-                    if naming == "gpt2":  # Conv1D (d, 3 d): columns [query | key | value]
-                        cols = slice(offset * d + index * layer.head_dim,
-                                     offset * d + index * layer.head_dim + rank)
-                        mask[..., cols] = True
-                    else:  # nn.Linear (n_heads d_h, d): rows
-                        mask[index * layer.head_dim:index * layer.head_dim + rank] = True
+        for name, mask in family.column_masks(model, by_index[layer_index][0], heads).items():
+            masks[name] = masks[name] | mask if name in masks else mask
     return masks
 
 
@@ -445,6 +399,39 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
 
     model, tokenizer = model_source(model, tokenizer)
     texts = check_texts(texts, "texts")
+    n_val = _check_distillation(objective, max_epochs, learning_rate, validation, patience,
+                                token_noise, max_length, batch_size, progress, len(texts))
+    family, by_index, todo = _planned_heads(model, compressed, plan)
+    distilled = copy.deepcopy(compressed)
+    if family.rotary:
+        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
+                      "planes and are not trained): the compressed model is returned as it "
+                      "is.", RankEstimationWarning, stacklevel=2)
+        return distilled
+    rng = check_random_state(random_state)
+    order = rng.permutation(len(texts))
+    val_texts = [texts[i] for i in np.sort(order[:n_val])]
+    train_texts = [texts[i] for i in order[n_val:]]
+    masks = _trainable_masks(distilled, family, by_index, todo)
+    was_training = model.training
+    model.eval()
+    distilled.eval()  # no dropout: the objective is the deterministic model's
+    noise = _TokenNoise(model, tokenizer, token_noise, rng) if token_noise else None
+    teacher = _Teacher(model, tokenizer, objective, max_length, batch_size)
+    train, val = teacher.batches(train_texts), teacher.batches(val_texts)
+    with _only_trainable(distilled, masks) as params:
+        history, best_epoch = _distill_epochs(
+            distilled, params, masks, train, val, teacher, noise,
+            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience), rng,
+            progress)
+    model.train(was_training)
+    distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
+    return distilled
+
+
+def _check_distillation(objective, max_epochs, learning_rate, validation, patience,
+                        token_noise, max_length, batch_size, progress, n_texts):
+    """Check :func:`distill_compressed`'s options; the number of validation texts."""
     if objective not in OBJECTIVES:
         raise ValueError(f"`objective` must be one of {list(OBJECTIVES)}. Got {objective!r}.")
     for name, value in (("max_epochs", max_epochs), ("patience", patience),
@@ -460,111 +447,143 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     if isinstance(token_noise, bool) or not isinstance(token_noise, Real) or not (
             0 <= token_noise < 1):
         raise ValueError(f"`token_noise` must be a float in [0, 1). Got {token_noise!r}.")
-    n_val = int(round(validation * len(texts)))
-    if not 1 <= n_val < len(texts):
-        raise ValueError(f"`validation`={validation} leaves {n_val} of the {len(texts)} texts "
+    n_val = int(round(validation * n_texts))
+    if not 1 <= n_val < n_texts:
+        raise ValueError(f"`validation`={validation} leaves {n_val} of the {n_texts} texts "
                          "for validation; it needs at least one, and one to train on.")
     if progress is not None and not callable(progress):
         raise TypeError(f"`progress` must be callable or None. Got {type(progress).__name__}.")
-    naming, by_index, todo = _planned_heads(model, compressed, plan)
-    distilled = copy.deepcopy(compressed)
-    if naming == "llama":
-        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
-                      "planes and are not trained): the compressed model is returned as it "
-                      "is.", RankEstimationWarning, stacklevel=2)
-        return distilled
-    torch = require("torch")
-    rng = check_random_state(random_state)
-    order = rng.permutation(len(texts))
-    val_texts = [texts[i] for i in np.sort(order[:n_val])]
-    train_texts = [texts[i] for i in order[n_val:]]
-    masks = _trainable_masks(distilled, naming, by_index, todo)
-    params = dict(distilled.named_parameters())
-    flags = {name: p.requires_grad for name, p in params.items()}
-    for name, p in params.items():
-        p.requires_grad_(name in masks)
-    trainable = [params[name] for name in masks]
-    frozen = {name: params[name].detach().clone() for name in masks}
-    was_training = model.training
-    model.eval()
-    distilled.eval()  # no dropout: the objective is the deterministic model's
+    return n_val
 
-    def batches(part):
-        out = []
-        for batch in token_batches(tokenizer, part, max_length, batch_size):
-            batch = dict(batch)
-            with torch.no_grad():
-                target = model(**batch, output_hidden_states=True).hidden_states
-            keep = target[-1:] if objective != "layers" else target
-            out.append((batch, tuple(t.detach() for t in keep)))
-        return out
 
-    def loss_of(batch, target):
-        hidden = distilled(**batch, output_hidden_states=True).hidden_states
-        return _distillation_loss(objective, hidden, target, batch["attention_mask"])
+class _Teacher:
+    """The original model's targets for the distillation objective, batch by batch."""
 
-    def evaluate(part):
+    def __init__(self, model, tokenizer, objective, max_length, batch_size):
+        self.model, self.tokenizer, self.objective = model, tokenizer, objective
+        self.max_length, self.batch_size = max_length, batch_size
+
+    def targets(self, batch):
+        """The hidden states the objective compares: the last one, or all for ``"layers"``."""
+        torch = require("torch")
         with torch.no_grad():
-            losses = [float(loss_of(b, t)) * len(b["input_ids"]) for b, t in part]
-        return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
+            hidden = self.model(**batch, output_hidden_states=True).hidden_states
+        keep = hidden if self.objective == "layers" else hidden[-1:]
+        return tuple(t.detach() for t in keep)
 
-    vocabulary = np.setdiff1d(np.arange(int(model.config.vocab_size)),
-                              list(getattr(tokenizer, "all_special_ids", None) or []))
-    special = torch.as_tensor(np.setdiff1d(np.arange(int(model.config.vocab_size)),
-                                           vocabulary))
+    def batches(self, texts):
+        """``[(batch, targets), ...]`` of ``texts``."""
+        return [(dict(batch), self.targets(dict(batch))) for batch in
+                token_batches(self.tokenizer, texts, self.max_length, self.batch_size)]
 
-    def corrupt(batch):
-        """A copy of ``batch`` with a share ``token_noise`` of its tokens drawn at random."""
+
+class _TokenNoise:
+    """Copies of a batch in which a share of the tokens is drawn uniformly from the vocabulary.
+
+    Padding and special tokens are kept; the draws come from ``rng``, fresh at every call.
+    """
+
+    def __init__(self, model, tokenizer, share, rng):
+        torch = require("torch")
+        everything = np.arange(int(model.config.vocab_size))
+        self.vocabulary = np.setdiff1d(
+            everything, list(getattr(tokenizer, "all_special_ids", None) or []))
+        self.special = torch.as_tensor(np.setdiff1d(everything, self.vocabulary))
+        self.share, self.rng = share, rng
+
+    def __call__(self, batch):
+        torch = require("torch")
         ids = batch["input_ids"]
-        keep = (batch["attention_mask"] == 0) | torch.isin(ids, special)
-        draw = torch.as_tensor(rng.random_sample(ids.shape) < token_noise) & ~keep
-        new = torch.as_tensor(vocabulary[rng.randint(len(vocabulary), size=ids.shape)],
+        keep = (batch["attention_mask"] == 0) | torch.isin(ids, self.special)
+        draw = torch.as_tensor(self.rng.random_sample(ids.shape) < self.share) & ~keep
+        new = torch.as_tensor(self.vocabulary[self.rng.randint(len(self.vocabulary),
+                                                               size=ids.shape)],
                               dtype=ids.dtype)
         return dict(batch, input_ids=torch.where(draw, new, ids))
 
-    train, val = batches(train_texts), batches(val_texts)
-    optimizer = torch.optim.Adam(trainable, lr=float(learning_rate))
-    history = {"train_loss": [evaluate(train)], "validation_loss": [evaluate(val)]}
-    best, best_epoch, stale = history["validation_loss"][0], 0, 0
-    best_state = {name: params[name].detach().clone() for name in masks}
-    for epoch in range(1, max_epochs + 1):
+
+@contextmanager
+def _only_trainable(model, masks):
+    """Gradients only for the masked parameters while inside; ``{name: parameter}`` of all."""
+    params = dict(model.named_parameters())
+    flags = {name: p.requires_grad for name, p in params.items()}
+    for name, p in params.items():
+        p.requires_grad_(name in masks)
+    try:
+        yield params
+    finally:
+        for name, p in params.items():
+            p.requires_grad_(flags[name])
+
+
+def _objective(student, teacher, batch, target):
+    """The distillation objective of ``student`` on one batch against the teacher's target."""
+    hidden = student(**batch, output_hidden_states=True).hidden_states
+    return _distillation_loss(teacher.objective, hidden, target, batch["attention_mask"])
+
+
+def _mean_objective(student, teacher, part):
+    """The objective over batches ``part``, weighted by their texts."""
+    torch = require("torch")
+    with torch.no_grad():
+        losses = [float(_objective(student, teacher, b, t)) * len(b["input_ids"])
+                  for b, t in part]
+    return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
+
+
+def _distill_step(student, params, masks, frozen, optimizer, teacher, noise, batch, target):
+    """One Adam step on one batch (and its noisy copy); entries outside the masks are reset."""
+    torch = require("torch")
+    optimizer.zero_grad()
+    loss = _objective(student, teacher, batch, target)
+    if noise is not None:
+        noisy = noise(batch)
+        loss = 0.5 * (loss + _objective(student, teacher, noisy, teacher.targets(noisy)))
+    loss.backward()
+    for name, p in params.items():
+        if name in masks and p.grad is not None:
+            p.grad.mul_(masks[name])
+    optimizer.step()
+    with torch.no_grad():  # every entry outside the planned columns as it was
+        for name in masks:
+            params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
+
+
+def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule, rng,
+                    progress):
+    """Epochs of :func:`_distill_step` with early stopping; the best state is left in place.
+
+    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training) and
+    the best epoch (0 when none improved on the start).
+    """
+    torch = require("torch")
+
+    def snapshot():
+        return {name: params[name].detach().clone() for name in masks}
+
+    frozen = snapshot()
+    optimizer = torch.optim.Adam([params[name] for name in masks], lr=schedule["lr"])
+    history = {"train_loss": [_mean_objective(student, teacher, train)],
+               "validation_loss": [_mean_objective(student, teacher, val)]}
+    best, best_epoch, stale, best_state = history["validation_loss"][0], 0, 0, snapshot()
+    for epoch in range(1, schedule["max_epochs"] + 1):
         for i in rng.permutation(len(train)):
-            batch, target = train[i]
-            optimizer.zero_grad()
-            loss = loss_of(batch, target)
-            if token_noise:
-                noisy = corrupt(batch)
-                with torch.no_grad():
-                    noisy_target = model(**noisy, output_hidden_states=True).hidden_states
-                loss = 0.5 * (loss + loss_of(noisy, noisy_target if objective == "layers"
-                                              else noisy_target[-1:]))
-            loss.backward()
-            for name, p in params.items():
-                if name in masks and p.grad is not None:
-                    p.grad.mul_(masks[name])
-            optimizer.step()
-            with torch.no_grad():  # every entry outside the planned columns as it was
-                for name in masks:
-                    params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
-        history["train_loss"].append(evaluate(train))
-        history["validation_loss"].append(evaluate(val))
+            _distill_step(student, params, masks, frozen, optimizer, teacher, noise, *train[i])
+        history["train_loss"].append(_mean_objective(student, teacher, train))
+        history["validation_loss"].append(_mean_objective(student, teacher, val))
         if progress is not None:
-            progress(epoch, max_epochs)
+            progress(epoch, schedule["max_epochs"])
         if history["validation_loss"][-1] < best:
             best, best_epoch, stale = history["validation_loss"][-1], epoch, 0
-            best_state = {name: params[name].detach().clone() for name in masks}
+            best_state = snapshot()
         else:
             stale += 1
-            if stale >= patience:
+            if stale >= schedule["patience"]:
                 break
     with torch.no_grad():
         for name in masks:
             params[name].copy_(best_state[name])
-    for name, p in params.items():
-        p.requires_grad_(flags[name])
-    model.train(was_training)
-    distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
-    return distilled
+    return history, best_epoch
 
 
 def _embeddings(model, texts, tokenizer, max_length, batch_size):
@@ -618,9 +637,109 @@ def perplexity(model, texts, tokenizer, *, max_length=128, batch_size=8):
     return float(np.exp(total / count))
 
 
-def _is_language_model(model):
-    getter = getattr(model, "get_output_embeddings", None)
-    return getter is not None and getter() is not None
+def next_token_kl(original, compressed, texts, tokenizer, *, max_length=128, batch_size=8):
+    """Mean KL divergence of a model's next-token distributions to the original's, per token.
+
+    At every position ``t`` of a text that has a next token, the original predicts ``p_t``
+    and the compressed model ``q_t`` (softmax of their logits over the vocabulary);
+    ``KL(p_t || q_t) = sum_v p_t(v) (log p_t(v) - log q_t(v))`` in nats, zero if and only if
+    the two distributions agree. Beside the perplexity, which only scores the probability of
+    the token that came, it measures how much of the whole distribution the compression
+    kept: a model can keep its perplexity while moving mass among the tokens that did not
+    come.
+
+    Parameters
+    ----------
+    original, compressed : transformers causal language models
+        Models with a language-model head over the same vocabulary (``...ForCausalLM``).
+    texts : list of str
+        Held-out text (not the text the compression was calibrated on).
+    tokenizer : transformers tokenizer
+    max_length : int, default=128
+        Tokens per text at most.
+    batch_size : int, default=8
+        Texts per forward pass.
+
+    Returns
+    -------
+    table : ResultTable
+        Rows ``text`` (index), ``kl`` (mean over the text's predicted positions, NaN for a
+        one-token text) and ``n_tokens``; metadata ``mean_kl`` (the mean over all predicted
+        positions of all texts, token-weighted as the perplexity is), ``max_kl`` (the worst
+        text's mean), ``n_texts``, ``n_tokens``.
+
+    Examples
+    --------
+    >>> import transformers, torch
+    >>> from sklearn_ebound.heads import next_token_kl
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <...>
+    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2)
+    >>> model = transformers.GPT2LMHeadModel(config)
+    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
+    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
+    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> texts = ["one two three four", "five six seven eight"]
+    >>> next_token_kl(model, model, texts, tokenize).mean_kl
+    0.0
+    """
+    torch = require("torch")
+    texts = check_texts(texts, "texts")
+    for name, value in (("original", original), ("compressed", compressed)):
+        if not is_language_model(value):
+            raise TypeError(f"`{name}` must be a causal language model (a model with a "
+                            f"language-model head). Got {type(value).__name__} instead.")
+    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"`{name}` must be a positive integer. Got {value!r}.")
+    sums, counts = [], []
+    modes = original.training, compressed.training
+    original.eval()
+    compressed.eval()
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                p_logits, q_logits = original(**batch).logits, compressed(**batch).logits
+                if p_logits.shape != q_logits.shape:
+                    raise ValueError("`original` and `compressed` predict over different "
+                                     f"vocabularies ({p_logits.shape[-1]} and "
+                                     f"{q_logits.shape[-1]} tokens).")
+                mask = batch["attention_mask"].bool()
+                for row in range(mask.shape[0]):  # one text at a time: (n, V) in float64
+                    # position t predicts token t + 1: both must be real tokens
+                    keep = mask[row, :-1] & mask[row, 1:]
+                    log_p = torch.log_softmax(p_logits[row, :-1][keep].double(), -1)
+                    log_q = torch.log_softmax(q_logits[row, :-1][keep].double(), -1)
+                    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+                    sums.append(float(kl.sum()))
+                    counts.append(int(keep.sum()))
+    finally:
+        original.train(modes[0])
+        compressed.train(modes[1])
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("`texts` hold no token to predict (each needs at least two tokens).")
+    per_text = [s / n if n else float("nan") for s, n in zip(sums, counts, strict=True)]
+    return ResultTable([{"text": i, "kl": kl, "n_tokens": n}
+                        for i, (kl, n) in enumerate(zip(per_text, counts, strict=True))],
+                       mean_kl=float(sum(sums) / total), max_kl=float(np.nanmax(per_text)),
+                       n_texts=len(texts), n_tokens=total)
+
+
+def is_language_model(model):
+    """Whether ``model`` is a causal language model: a causal family with an LM head.
+
+    Its end-to-end measure is then the next-token one (:func:`perplexity`,
+    :func:`next_token_kl`); otherwise (an encoder, a bare decoder without its head) the
+    sentence embedding (:func:`embedding_fidelity`).
+    """
+    if not (hasattr(model, "state_dict") and hasattr(model, "config")):
+        return False
+    try:
+        family = family_of(model)
+    except ValueError:  # attention of no known family
+        return False
+    return family.is_language_model(model)
 
 
 STRATEGIES = {"uniform": ("data", "uniform"), "weight": ("weight", "tolerance"),
@@ -638,20 +757,22 @@ def compression_frontier(model, result, texts, tokenizer, *, budgets=(0.2, 0.3, 
 
     For a sentence-embedding model (no language-model head) the measure is the cosine of
     the mean-pooled normalised embeddings to the original's (mean and min over ``texts``);
-    for a causal language model, the perplexity on ``texts``.
+    for a causal language model (:func:`is_language_model`), the perplexity on ``texts``
+    and the mean KL divergence of the next-token distributions to the original's
+    (:func:`next_token_kl`).
 
     Returns
     -------
     frontier : ResultTable
         Rows ``strategy``, ``budget``, ``budget_used`` and ``mean_cosine``, ``min_cosine`` or
-        ``perplexity``; metadata ``measure`` and, for a language model,
+        ``perplexity``, ``kl``; metadata ``measure`` and, for a language model,
         ``perplexity_original``.
     """
     texts = check_texts(texts, "texts")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"`strategies` must be among {list(STRATEGIES)}. Got {unknown}.")
-    lm = _is_language_model(model)
+    lm = is_language_model(model)
     meta = {"measure": "perplexity" if lm else "cosine"}
     reference = None
     if lm:
@@ -671,6 +792,8 @@ def compression_frontier(model, result, texts, tokenizer, *, budgets=(0.2, 0.3, 
             if lm:
                 row["perplexity"] = perplexity(compressed, texts, tokenizer,
                                                max_length=max_length)
+                row["kl"] = next_token_kl(model, compressed, texts, tokenizer,
+                                          max_length=max_length).mean_kl
             else:
                 cos = np.sum(reference * _embeddings(compressed, texts, tokenizer, max_length,
                                                      batch_size), axis=1)

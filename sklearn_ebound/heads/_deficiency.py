@@ -53,7 +53,6 @@ from ._head_forms import (
     check_fraction,
     check_texts,
     data_metric_roots,
-    is_causal,
     layers_of,
     metric_root,
     model_source,
@@ -504,9 +503,8 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     epsilons = tuple(float(e) for e in np.atleast_1d(epsilons))
     if not epsilons or any(not 0 < e < 1 for e in epsilons):
         raise ValueError(f"`epsilons` must be numbers in (0, 1). Got {epsilons!r}.")
-    naming, all_layers, theta = layers_of(model)
-    rotary = naming == "llama"
-    causal = is_causal(model, naming)
+    family, all_layers, theta = layers_of(model)
+    rotary, causal = family.rotary, family.is_causal(model.config)
     chosen = all_layers if layers is None else [lay for lay in all_layers if lay.index in
                                                 set(layers)]
     if not chosen:
@@ -621,7 +619,7 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
             if progress is not None:
                 progress(done, total)
     result = HeadDeficiencyResult(
-        rows, naming=naming, n_layers=len(chosen), n_heads=len(head_list), heads=head_list,
+        rows, naming=family.name, n_layers=len(chosen), n_heads=len(head_list), heads=head_list,
         layer_indices=[lay.index for lay in chosen], head_dim=d_h,
         d_model=chosen[0].w_q.shape[1], causal=causal, rotary=rotary, epsilons=list(epsilons),
         n_calibration=len(cal_texts), n_evaluation=len(eval_texts),

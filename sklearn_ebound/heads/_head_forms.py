@@ -12,7 +12,7 @@ from numbers import Real
 import numpy as np
 
 from ._inputs import config_heads, load_pretrained, require
-from ._weights import extract_layers
+from ._weights import detect_family, family_layers
 
 METHODS = ("weight", "data", "trained")
 _GROUP = 32  # sequences per padded batch
@@ -38,16 +38,18 @@ def model_source(model_or_dir, tokenizer):
 
 
 def layers_of(model):
+    """``(family adapter, layers, rope theta)`` of a Hugging Face model, value maps required."""
     n_heads, n_kv, theta = config_heads(model.config)
-    naming, layers = extract_layers(model.state_dict(), n_heads, n_kv_heads=n_kv)
+    family, layers = family_layers(model.state_dict(), n_heads, n_kv_heads=n_kv)
     if any(layer.w_v is None for layer in layers):
         raise ValueError("The model's state dict holds no value weights; the head outputs "
                          "need them.")
-    return naming, layers, theta
+    return family, layers, theta
 
 
-def is_causal(model, naming):
-    return naming != "bert" or bool(getattr(model.config, "is_decoder", False))
+def family_of(model):
+    """The family adapter of a Hugging Face model, from its state dict's keys alone."""
+    return detect_family(list(model.state_dict()))[0]
 
 
 def check_texts(texts, name):

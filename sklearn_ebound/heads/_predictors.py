@@ -11,7 +11,6 @@ from ._head_forms import (
     attend,
     augmented_weights,
     check_texts,
-    is_causal,
     layers_of,
     model_source,
     rotate,
@@ -97,8 +96,8 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
     if isinstance(window, bool) or not isinstance(window, Integral) or window < 2:
         raise ValueError(f"`window` must be an integer >= 2. Got {window!r}.")
     start = time.perf_counter()
-    naming, all_layers, theta = layers_of(model)
-    rotary, causal = naming == "llama", is_causal(model, naming)
+    family, all_layers, theta = layers_of(model)
+    rotary, causal = family.rotary, family.is_causal(model.config)
     chosen = all_layers if layers is None else [lay for lay in all_layers
                                                 if lay.index in set(layers)]
     head_list = list(range(all_layers[0].n_heads)) if heads is None else sorted(set(heads))

@@ -31,7 +31,7 @@ from ._inputs import (
     rope_tables,
     rotate_half,
 )
-from ._weights import extract_layers
+from ._weights import family_layers
 
 __all__ = ["HeadRankResult", "head_ranks"]
 
@@ -384,51 +384,64 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     taus = _check_taus(taus)
     state, model, tokenizer, n_heads, n_kv_heads, theta = _source(
         model_or_weights, n_heads, n_kv_heads, tokenizer)
-    naming, layers = extract_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming)
-    rotary = naming == "llama"
+    family, layers = family_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming)
+    rotary = family.rotary
     theta = float(rope_theta if rope_theta is not None else theta or 10000.0)
     d_model = layers[0].w_q.shape[1]
 
-    sequences = rotations = None
-    if inputs is not None:
-        inputs = list(inputs)
-        if inputs and all(isinstance(x, str) for x in inputs):
-            if model is None:
-                raise ValueError("Text inputs need a model to run, not a state dict; pass the "
-                                 "model or the hidden states of each layer.")
-            if tokenizer is None:
-                raise ValueError("Text inputs need a `tokenizer`.")
-            require("transformers")
-            sequences, rotations = capture_inputs(model, layers, inputs, tokenizer,
-                                                  rotary=rotary, max_length=max_length,
-                                                  batch_size=batch_size)
-        else:
-            if len(inputs) != len(layers):
-                raise ValueError(f"`inputs` must hold the hidden states of each of the "
-                                 f"{len(layers)} layers. Got {len(inputs)} entries.")
-            sequences = [_as_sequences(x, d_model, f"inputs[{i}]")
-                         for i, x in enumerate(inputs)]
-            rotations = [None] * len(layers)
-        if rotary:
-            # Default rotary tables at positions 0..n_s-1 where the model passed none.
-            rotations = [[rot if rot is not None else rope_tables(len(x), layer.head_dim, theta)
-                          for x, rot in zip(seqs, rots or [None] * len(seqs), strict=True)]
-                         for layer, seqs, rots in zip(layers, sequences, rotations, strict=True)]
-        else:
-            rotations = [None] * len(layers)
+    sequences, rotations = _layer_inputs(inputs, model, tokenizer, layers, rotary, theta,
+                                         max_length, batch_size)
 
     # The spectra are many small factorisations: one BLAS thread is fastest, and several
     # spin against torch's OpenMP workers after a forward pass (a 100x slowdown measured).
     with threadpool_limits(limits=1, user_api="blas"):
         rows, kernel_all, field_all = _table(layers, sequences, rotations, taus, bias,
                                              model_space)
-    meta = dict(naming=naming, n_layers=len(layers), n_heads=n_heads,
+    meta = dict(naming=family.name, n_layers=len(layers), n_heads=n_heads,
                 n_kv_heads=layers[0].n_kv_heads, head_dim=layers[0].head_dim, d_model=d_model,
                 rotary=rotary, bias=bias, taus=list(taus), kernel_spectra=np.stack(kernel_all))
     if sequences is not None:
         meta.update(field_spectra=np.stack(field_all), n_sequences=len(sequences[0]),
                     n_tokens=int(sum(len(x) for x in sequences[0])))
     return HeadRankResult(rows, **meta)
+
+
+def _layer_inputs(inputs, model, tokenizer, layers, rotary, theta, max_length, batch_size):
+    """``(sequences, rotations)`` of every layer from ``inputs``; ``(None, None)`` without.
+
+    Text is run through ``model`` (its own rotary tables captured); hidden states are taken
+    as given, with the default rotary tables at positions ``0 .. n_s - 1`` for a rotary
+    layout.
+    """
+    if inputs is None:
+        return None, None
+    d_model = layers[0].w_q.shape[1]
+    inputs = list(inputs)
+    if inputs and all(isinstance(x, str) for x in inputs):
+        if model is None:
+            raise ValueError("Text inputs need a model to run, not a state dict; pass the "
+                             "model or the hidden states of each layer.")
+        if tokenizer is None:
+            raise ValueError("Text inputs need a `tokenizer`.")
+        require("transformers")
+        sequences, rotations = capture_inputs(model, layers, inputs, tokenizer,
+                                              rotary=rotary, max_length=max_length,
+                                              batch_size=batch_size)
+    else:
+        if len(inputs) != len(layers):
+            raise ValueError(f"`inputs` must hold the hidden states of each of the "
+                             f"{len(layers)} layers. Got {len(inputs)} entries.")
+        sequences = [_as_sequences(x, d_model, f"inputs[{i}]")
+                     for i, x in enumerate(inputs)]
+        rotations = [None] * len(layers)
+    if rotary:
+        # Default rotary tables at positions 0..n_s-1 where the model passed none.
+        rotations = [[rot if rot is not None else rope_tables(len(x), layer.head_dim, theta)
+                      for x, rot in zip(seqs, rots or [None] * len(seqs), strict=True)]
+                     for layer, seqs, rots in zip(layers, sequences, rotations, strict=True)]
+    else:
+        rotations = [None] * len(layers)
+    return sequences, rotations
 
 
 def _table(layers, sequences, rotations, taus, bias, model_space):

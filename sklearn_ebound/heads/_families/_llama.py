@@ -1,0 +1,55 @@
+"""LLaMA and its kin (Mistral, Qwen2, SmolLM, ...): ``q_proj`` / ``k_proj``, rotary, grouped keys.
+
+Keys ``<prefix>layers.{i}.self_attn.q_proj.weight`` and ``k_proj.weight``, ``nn.Linear``
+layout ``(n_heads * d_h, d)`` and ``(n_kv_heads * d_h, d)``, with optional biases (Qwen2 has
+query and key biases); grouped-query attention when ``n_kv_heads < n_heads`` (query head
+``h`` reads key head ``h // (n_heads / n_kv_heads)``, as in Hugging Face's ``repeat_kv``);
+rotary position embeddings on queries and keys; causal.
+"""
+
+import re
+
+from ._base import (
+    AttentionFamily,
+    QKLayer,
+    Slot,
+    bias_heads,
+    get,
+    linear_heads,
+    output_heads,
+)
+
+
+class LlamaFamily(AttentionFamily):
+    name = "llama"
+    pattern = re.compile(r"^(.*?)layers\.(\d+)\.self_attn\.q_proj\.weight$")
+    rotary = True
+    grouped_query = True
+
+    def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
+        base = f"{prefix}layers.{i}.self_attn."
+
+        def heads(name, n, required=True):
+            w = get(state, base + name + ".weight", required)
+            return None if w is None else linear_heads(w, n, base + name + ".weight")
+
+        def bias(name, n):
+            return bias_heads(get(state, base + name + ".bias", False), n)
+
+        w_q, w_k = heads("q_proj", n_heads), heads("k_proj", n_kv_heads)
+        if w_q.shape[2] != w_k.shape[2]:
+            raise ValueError(
+                f"Layer {i}: query heads of size {w_q.shape[2]} and key heads of size "
+                f"{w_k.shape[2]} differ; check `n_heads` and `n_kv_heads`.")
+        w_o = get(state, base + "o_proj.weight", False)
+        return QKLayer(i, w_q, w_k, bias("q_proj", n_heads), bias("k_proj", n_kv_heads),
+                       base + "q_proj", base.rstrip("."), heads("v_proj", n_kv_heads, False),
+                       bias("v_proj", n_kv_heads), output_heads(w_o, n_heads, linear=True))
+
+    def slots(self, layer, head, kv_head):
+        d_h = layer.head_dim
+        return (Slot(layer.attention_module + ".q_proj", head * d_h, True),
+                Slot(layer.attention_module + ".k_proj", kv_head * d_h, True))
+
+
+FAMILY = LlamaFamily()
