@@ -692,6 +692,9 @@ class KernelMoments:
                              f"{other.n_tokens}.")
         if self.n_tokens is None:
             self._start(other.n_tokens)
+        if not _same_pattern(self._pattern, other._pattern):
+            raise ValueError("Cannot merge kernel statistics of different attention patterns "
+                             "(mask, mask_normalization, logit_bias).")
         if (self.C is None) != (other.C is None):
             raise ValueError("Cannot merge kernel statistics of different solvers.")
         if self.C is not None:
@@ -1138,6 +1141,13 @@ class KernelMoments:
                      n_unknowns=k * k, gauss_newton_steps=steps, n_products=int(products),
                      n_single_products=int(self._single_products),
                      exact=identified and (not self.centred or (refined and converged)))
+
+
+def _same_pattern(a, b):
+    """Whether two checked :class:`AttentionPattern` are the same."""
+    return a.normalization == b.normalization and all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in ((a.allowed, b.allowed), (a.weights, b.weights), (a.bias, b.bias)))
 
 
 def _token_span(P, rtol=1e-10):

@@ -148,6 +148,30 @@ def test_the_wrong_normalisation_is_a_different_model():
     assert unknown.rank_ == 3
 
 
+def test_partial_fit_and_an_unknown_value_map_take_the_pattern():
+    attention, pattern = PATTERNS["weights, none"]
+    X, Y, params = make_attention_task(attention, 300, N_TOKENS, 6, rank=2, value="random",
+                                       random_state=7, return_params=True, **pattern)
+    est = IntrinsicRankEstimator("attention", attention=attention, value=params.V, **pattern)
+    whole = est.fit(X, Y).qk_kernel_
+    chunked = IntrinsicRankEstimator("attention", attention=attention, value=params.V,
+                                     **pattern).partial_fit(X[:100], Y[:100]).partial_fit(
+                                         X[100:], Y[100:])
+    np.testing.assert_allclose(chunked.qk_kernel_, whole, atol=1e-6 * np.abs(whole).max())
+    assert chunked.rank_ == 2
+    # The per-token reading (value map unknown) centres under the bias's weights.
+    attention, pattern = PATTERNS["bias array"]
+    X, Y = make_attention_task(attention, 400, N_TOKENS, 8, rank=3, value="random",
+                               random_state=8, **pattern)
+    with pytest.warns(RankEstimationWarning, match="full-rank systematic term"):  # n = 12
+        assert IntrinsicRankEstimator("attention", **pattern).fit(X, Y).rank_ == 3
+    # Statistics of different patterns do not merge.
+    a = KernelMoments(params.V, "linear", mask="causal").update(X[:5, :, :6], Y[:5, :, :6])
+    b = KernelMoments(params.V, "linear", mask="causal", mask_normalization="none")
+    with pytest.raises(ValueError, match="different attention patterns"):
+        a.merge(b.update(X[5:10, :, :6], Y[5:10, :, :6]))
+
+
 @pytest.mark.parametrize("name", list(PATTERNS))
 @pytest.mark.parametrize("padded", [False, True])
 def test_matrix_free_solve_equals_the_dense_solve_with_weights_or_a_bias(name, padded):
