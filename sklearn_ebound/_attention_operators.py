@@ -21,7 +21,20 @@ Masks and padding. ``mask`` is ``None``, ``"causal"`` or an ``(n, n)`` array of 
 the keys query ``i`` may attend to; every row must allow one). Sequences of different lengths
 are padded to ``n`` tokens and passed with their ``lengths``: tokens at positions ``>=
 length`` are neither queries nor keys, and their values are ignored.
+
+Weighted masks and logit biases (:func:`check_attention_pattern`). For linear attention
+``mask`` may hold non-negative weights ``m_ij`` (zero: not a key), and the attention weights
+at the kernel are ``a_ij = m_ij / sum_k m_ik`` (``mask_normalization="mean"``: averaged over
+the visible keys, today's ``1 / |K_i|`` for 0/1) or ``a_ij = m_ij`` (``"none"``: as given,
+e.g. ``(1/n) sum_{j <= i}``); then ``y_i = V S_i Wᵀ x_i`` with ``S_i = sum_j a_ij x_j x_jᵀ``,
+still linear in ``W``. For softmax an additive ``logit_bias`` ``b_ij`` enters every
+sequence's logits, ``a_ij ∝ exp(x_iᵀ A x_j + b_ij)``; the linearisation is then around the
+bias's own weights ``softmax(b_i)`` (the weights at ``A = 0``) instead of uniform ones.
+Everything below works with these base weights in place of uniform ones.
 """
+
+from numbers import Real
+from typing import NamedTuple
 
 import numpy as np
 import scipy.linalg
@@ -36,9 +49,15 @@ __all__ = [
     "KernelMoments",
     "qk_kernel_least_squares",
     "check_attention_mask",
+    "check_attention_pattern",
     "check_lengths",
     "allowed_keys",
+    "alibi_bias",
+    "base_weights",
+    "AttentionPattern",
 ]
+
+MASK_NORMALIZATIONS = ("mean", "none")
 
 # Sequences per chunk when accumulating the kernel statistics: the per-sequence moments of a
 # chunk take 3 * _CHUNK * d^2 floats (25 MB at d = 128).
@@ -92,6 +111,183 @@ def check_attention_mask(mask, n_tokens):
     return array.copy()
 
 
+def alibi_bias(n_tokens, slope):
+    """The ALiBi logit bias of one head: ``b_ij = -slope * |i - j|``, shape ``(n_tokens,
+    n_tokens)``.
+
+    Added to the attention logits it penalises distant keys linearly (Press, Smith & Lewis,
+    "Train short, test long", ICLR 2022). With ``mask="causal"`` the visible keys ``j <= i``
+    get ``-slope * (i - j)``, the decoders' form; without a mask the bias is symmetric.
+
+    Parameters
+    ----------
+    n_tokens : int
+        Tokens per sequence ``n``.
+    slope : float
+        The head's slope ``m >= 0`` (decoders use ``2^(-8 h / H)`` for head ``h`` of ``H``).
+
+    Returns
+    -------
+    bias : ndarray of shape (n_tokens, n_tokens)
+
+    Examples
+    --------
+    >>> from sklearn_ebound.datasets import alibi_bias
+    >>> alibi_bias(3, 0.5)
+    array([[ 0. , -0.5, -1. ],
+           [-0.5,  0. , -0.5],
+           [-1. , -0.5,  0. ]])
+    """
+    if isinstance(slope, bool) or not isinstance(slope, Real) or not np.isfinite(slope) or (
+            slope < 0):
+        raise ValueError(f"The ALiBi `slope` must be a finite real >= 0 (the bias is -slope * "
+                         f"|i - j|). Got {slope!r} instead.")
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise ValueError(f"`n_tokens` must be a positive integer. Got {n_tokens!r} instead.")
+    positions = np.arange(n_tokens)
+    # 0 - m |i - j|: no negative zeros on the diagonal
+    return 0.0 - float(slope) * np.abs(positions[:, None] - positions[None, :]).astype(np.float64)
+
+
+class AttentionPattern(NamedTuple):
+    """A checked attention pattern: what the attention of a query does besides the kernel.
+
+    ``allowed``: boolean ``(n, n)`` keys (``None``: all); ``weights``: the float ``(n, n)``
+    weights of a weighted mask (``None`` for 0/1); ``normalization``: ``"mean"`` or
+    ``"none"``; ``bias``: the float ``(n, n)`` logit bias (``None`` for none).
+    """
+
+    allowed: object = None
+    weights: object = None
+    normalization: str = "mean"
+    bias: object = None
+
+    @property
+    def plain(self):
+        """Whether every query averages uniformly over all the keys (no pattern at all)."""
+        return (self.allowed is None and self.weights is None and self.bias is None
+                and self.normalization == "mean")
+
+    def keys(self, valid, n_tokens):
+        """Boolean ``(b, n, n)`` keys with the padding ``valid`` (see :func:`allowed_keys`);
+        all-true rather than ``None`` where the pattern has weights or a bias."""
+        allowed = allowed_keys(self.allowed, valid, n_tokens)
+        if allowed is None and not self.plain:
+            allowed = np.ones((1, n_tokens, n_tokens), dtype=bool)
+        return allowed
+
+
+def _check_mask_weights(mask, n_tokens, normalization, attention):
+    """The allowed keys and the weights (``None`` for 0/1) of ``mask``."""
+    if mask is None or isinstance(mask, str):
+        return check_attention_mask(mask, n_tokens), None
+    array = np.asarray(mask)
+    binary = array.dtype == bool or (np.issubdtype(array.dtype, np.number) and np.all(
+        (array == 0) | (array == 1)))
+    if binary or array.shape != (n_tokens, n_tokens) or not np.issubdtype(
+            array.dtype, np.number):
+        return check_attention_mask(mask, n_tokens), None  # 0/1, or the 0/1 form's errors
+    if attention != "linear":
+        raise ValueError("`mask` with weights other than 0 and 1 applies to attention='linear'. "
+                         "For softmax attention add their logarithm to the logits instead: "
+                         "`logit_bias=np.log(weights)` (with `mask` the 0/1 pattern of their "
+                         "non-zero entries).")
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError("`mask` as an array of weights must be finite and non-negative (row i: "
+                         "the weight of key j for query i; 0 where i does not attend to j).")
+    if normalization is None:
+        raise ValueError(
+            "`mask` holds weights other than 0 and 1: say how each row is used with "
+            "`mask_normalization='mean'` (a weighted average over the visible keys, a_ij = m_ij "
+            "/ sum_k m_ik) or `mask_normalization='none'` (the weights as given, e.g. 1/n on "
+            "j <= i for the unnormalised causal convention).")
+    allowed = check_attention_mask(array > 0, n_tokens)
+    return allowed, np.where(allowed, array, 0.0).astype(np.float64)
+
+
+def is_alibi(logit_bias):
+    """Whether ``logit_bias`` has the form ``("alibi", slope)`` (whatever its words)."""
+    return (isinstance(logit_bias, tuple) and len(logit_bias) == 2
+            and isinstance(logit_bias[0], str))
+
+
+def check_logit_bias(logit_bias, n_tokens, attention="softmax"):
+    """``logit_bias`` as a float ``(n_tokens, n_tokens)`` array, or ``None``; see
+    :func:`check_attention_pattern`."""
+    if logit_bias is None:
+        return None
+    if attention != "softmax":
+        raise ValueError(f"`logit_bias` is added to the logits of softmax attention; it applies "
+                         f"to attention='softmax'. Got attention={attention!r} (weight the keys "
+                         "of linear attention with a weighted `mask` instead).")
+    if is_alibi(logit_bias):
+        if logit_bias[0] != "alibi":
+            raise ValueError(f"`logit_bias` as a pair must be ('alibi', slope). Got "
+                             f"{logit_bias!r} instead.")
+        return alibi_bias(n_tokens, logit_bias[1])
+    if isinstance(logit_bias, str):
+        raise ValueError(f"`logit_bias` must be None, an array of shape (n_tokens, n_tokens) or "
+                         f"('alibi', slope). Got {logit_bias!r} instead.")
+    array = np.asarray(logit_bias)
+    if array.shape != (n_tokens, n_tokens) or not np.issubdtype(array.dtype, np.number) or (
+            np.issubdtype(array.dtype, np.complexfloating)):
+        raise ValueError(f"`logit_bias` as an array must be real with shape (n_tokens, n_tokens) "
+                         f"= ({n_tokens}, {n_tokens}). Got a {array.dtype} array of shape "
+                         f"{array.shape} instead.")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("`logit_bias` must be finite; keys a query must not see are set by "
+                         "`mask` (0 there), not by an infinite bias.")
+    return array.astype(np.float64)
+
+
+def check_attention_pattern(mask, n_tokens, attention, mask_normalization=None,
+                            logit_bias=None):
+    """The checked :class:`AttentionPattern` of ``mask``, ``mask_normalization`` and
+    ``logit_bias``.
+
+    * ``mask``: ``None``, ``"causal"``, an ``(n, n)`` array of 0/1, or, for linear attention,
+      of non-negative weights ``m_ij`` (zero: not a key; every row needs a positive one).
+    * ``mask_normalization`` (linear attention): ``"mean"`` (``None``, the default, means it
+      for 0/1 masks) divides row ``i`` by its sum, ``a_ij = m_ij / sum_k m_ik`` (``1 / |K_i|``
+      for 0/1, ``1 / n`` without a mask); ``"none"`` uses the weights as given, ``a_ij =
+      m_ij`` (for ``"causal"`` and ``None``, the plain sums over the keys). Weights other than
+      0/1 must state it. For softmax only ``None`` and ``"mean"`` (the softmax normalises).
+    * ``logit_bias`` (softmax attention): ``None``, a finite ``(n, n)`` array added to every
+      sequence's (scaled) logits, or ``("alibi", slope)``, the array of :func:`alibi_bias`.
+    """
+    if mask_normalization is not None and mask_normalization not in MASK_NORMALIZATIONS:
+        raise ValueError(f"`mask_normalization` must be None, 'mean' or 'none'. Got "
+                         f"{mask_normalization!r} instead.")
+    if attention == "softmax" and mask_normalization == "none":
+        raise ValueError("`mask_normalization='none'` applies to attention='linear': the softmax "
+                         "normalises each row of weights itself.")
+    allowed, weights = _check_mask_weights(mask, n_tokens, mask_normalization, attention)
+    bias = check_logit_bias(logit_bias, n_tokens, attention)
+    return AttentionPattern(allowed, weights, mask_normalization or "mean", bias)
+
+
+def base_weights(pattern, allowed):
+    """The attention weights at a zero kernel, ``(b, n, n)``, and the queries that have a key,
+    ``(b, n)``: the normalised mask weights of linear attention, ``softmax(b_i)`` over the keys
+    for a logit bias, uniform over the allowed keys otherwise. A query without a key
+    (padding) has a row of zeros."""
+    if pattern.bias is not None:
+        queries = allowed.any(axis=-1)
+        logits = np.where(allowed, pattern.bias, -np.inf)
+        top = np.max(logits, axis=-1, keepdims=True)
+        weights = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
+        total = weights.sum(axis=-1, keepdims=True)
+        return np.divide(weights, total, out=np.zeros_like(weights), where=total > 0), queries
+    if pattern.weights is None and pattern.normalization == "mean":
+        return uniform_weights(allowed)
+    raw = allowed * (1.0 if pattern.weights is None else pattern.weights)
+    queries = allowed.any(axis=-1)
+    if pattern.normalization == "none":
+        return raw, queries
+    total = raw.sum(axis=-1, keepdims=True)
+    return np.divide(raw, total, out=np.zeros(raw.shape), where=total > 0), queries
+
+
 def check_lengths(lengths, n_samples, n_tokens):
     """Per-sequence lengths as an int array of shape ``(n_samples,)`` in ``[1, n_tokens]``, or
     ``None``."""
@@ -141,9 +337,12 @@ def uniform_weights(allowed):
     return weights, counts > 0
 
 
-def softmax_weights(X, A, allowed):
-    """Softmax weights ``a_ij ∝ exp(x_iᵀ Aᵀ x_j)`` over the allowed keys (zero elsewhere)."""
+def softmax_weights(X, A, allowed, bias=None):
+    """Softmax weights ``a_ij ∝ exp(x_iᵀ Aᵀ x_j + b_ij)`` over the allowed keys (zero
+    elsewhere); ``bias`` the ``(n, n)`` logit bias, or ``None``."""
     logits = (X @ A.T) @ X.transpose(0, 2, 1)
+    if bias is not None:
+        logits += bias
     if allowed is not None:
         logits = np.where(allowed, logits, -np.inf)
     top = np.max(logits, axis=-1, keepdims=True)
@@ -197,23 +396,42 @@ def _moment_products(X, weights, M, centred):
 def per_token_data(X, Y, center_sequences, mask=None, lengths=None):
     """Tokens as samples: ``(N n, d)`` and ``(N n, d_out)``, optionally centred per sequence.
 
-    With a mask or padding (``mask`` checked, ``lengths`` per sequence): the padding tokens are
-    left out, the inputs are centred over each token's allowed keys (``x_i - x̄_i``, which is
-    uncorrelated with ``x̄_i``, the softmax's zeroth-order term), and each token's row is
-    weighted by ``sqrt(|K_i| / n)``: the token's own share ``1 / |K_i|`` of its moment is a
-    systematic term, which the weights keep near that of ``n`` keys.
+    With a mask or padding (``mask`` a checked boolean mask or :class:`AttentionPattern`,
+    ``lengths`` per sequence): the padding tokens are left out, the inputs are centred over
+    each token's allowed keys (``x_i - x̄_i``, which is uncorrelated with ``x̄_i``, the
+    softmax's zeroth-order term), and each token's row is weighted by ``sqrt(|K_i| / n)``: the
+    token's own share ``1 / |K_i|`` of its moment is a systematic term, which the weights keep
+    near that of ``n`` keys.
+
+    With weights ``a_ij`` at the zero kernel (:func:`base_weights`: a weighted mask, a logit
+    bias) ``|K_i|`` is the effective count ``c_i^2 / sum_j a_ij^2`` (``c_i = sum_j a_ij``);
+    linear attention's input is ``c_i x_i`` (``y_i ~ c_i V Sigma Wᵀ x_i`` for unnormalised
+    weights), and a logit bias's centring is ``x_i - t_i x̄_i`` with ``t_i = a_ii / sum_j
+    a_ij^2``, uncorrelated with ``x̄_i`` (``t_i = 1`` for uniform weights).
     """
     n = X.shape[1]
-    allowed = allowed_keys(mask, valid_tokens(lengths, n), n)
+    pattern = mask if isinstance(mask, AttentionPattern) else AttentionPattern(mask)
+    allowed = pattern.keys(valid_tokens(lengths, n), n)
     if allowed is None:
         if center_sequences:
             X = X - X.mean(axis=1, keepdims=True)
             Y = Y - Y.mean(axis=1, keepdims=True)
         return X.reshape(-1, X.shape[2]), Y.reshape(-1, Y.shape[2])
-    weights, queries = uniform_weights(allowed)
-    if center_sequences:
-        X = X - weights @ X
-    counts = np.broadcast_to(allowed.sum(axis=-1), queries.shape)
+    weights, queries = base_weights(pattern, allowed)
+    if pattern.weights is None and pattern.bias is None and pattern.normalization == "mean":
+        if center_sequences:
+            X = X - weights @ X
+        counts = np.broadcast_to(allowed.sum(axis=-1), queries.shape)
+    else:
+        weights = np.broadcast_to(weights, (X.shape[0], n, n))
+        total = weights.sum(axis=-1)
+        squares = np.maximum((weights**2).sum(axis=-1), np.finfo(float).tiny)
+        counts = total**2 / squares
+        if center_sequences:
+            share = np.diagonal(weights, axis1=-2, axis2=-1) / squares
+            X = X - share[..., None] * (weights @ X)
+        else:
+            X = X * total[..., None]
     root = np.sqrt(counts / n)[..., None]
     keep = np.broadcast_to(queries, X.shape[:2])
     return (X * root)[keep], (Y * root)[keep]
@@ -249,15 +467,27 @@ class KernelMoments:
     For softmax the sequences are kept in either case, and the linearised solve is refined by
     Gauss–Newton steps on the softmax model (the same matrix-free products with the fitted
     weights in place of uniform ones).
+
+    A weighted mask (linear, ``mask_normalization``) or a logit bias (softmax,
+    ``logit_bias``), see :func:`check_attention_pattern`, replaces the uniform weights over
+    the allowed keys by the base weights of :func:`base_weights` (``S_i = sum_j a_ij x_j
+    x_jᵀ``, centred under ``softmax(b_i)`` for a bias); both solvers take them as they take
+    a 0/1 mask's (``"auto"`` chooses ``"cg"``).
     """
 
-    def __init__(self, V, attention, scale=1.0, mask=None, solver="auto", refine=True):
+    def __init__(self, V, attention, scale=1.0, mask=None, solver="auto", refine=True,
+                 mask_normalization=None, logit_bias=None):
         self.V = np.asarray(V, dtype=np.float64)
         self.attention = attention
         # X and Y enter divided by this power of two (exact), so that the statistics, cubic and
         # quartic in X, stay finite for extreme data; they are those of the scaled data.
         self.scale = scale
-        self.mask = mask  # None, "causal" or an (n, n) array; checked at the first update
+        # None, "causal", an (n, n) array of 0/1 or (linear) of weights, and a logit bias
+        # (softmax); checked at the first update (check_attention_pattern). The bias is in
+        # the units of the logits, which the power-of-two scaling leaves unchanged.
+        self.mask = mask
+        self.mask_normalization = mask_normalization
+        self.logit_bias = logit_bias
         self.solver = solver
         self.refine = refine
         d = self.V.shape[1]
@@ -303,7 +533,12 @@ class KernelMoments:
 
     def _start(self, n_tokens):
         self.n_tokens = n_tokens
-        self._mask = check_attention_mask(self.mask, n_tokens)
+        self._pattern = check_attention_pattern(self.mask, n_tokens, self.attention,
+                                                self.mask_normalization, self.logit_bias)
+        # The allowed keys; all-true where only weights or a bias shape the attention, so
+        # that every path below takes the per-token moments of the base weights.
+        self._mask = self._pattern.keys(None, n_tokens)
+        self._mask = None if self._mask is None else self._mask[0]
         d = self.V.shape[1]
         solver = self.solver
         if solver == "auto":
@@ -407,8 +642,12 @@ class KernelMoments:
         self.n_queries += b * n
         self.n_equations += b * n * min(self.value_rank, n - self.centred)
 
+    def _base_weights(self, allowed):
+        """The weights at a zero kernel and the queries with a key (:func:`base_weights`)."""
+        return base_weights(self._pattern, allowed)
+
     def _add_masked(self, Xb, Yb, allowed, VtV):
-        weights, queries = uniform_weights(allowed)
+        weights, queries = self._base_weights(allowed)
         queries = np.broadcast_to(queries, Xb.shape[:2])
         Xq = Xb * queries[..., None]  # the queries' x_i; padding rows zero
         if self.centred:
@@ -453,6 +692,9 @@ class KernelMoments:
                              f"{other.n_tokens}.")
         if self.n_tokens is None:
             self._start(other.n_tokens)
+        if not _same_pattern(self._pattern, other._pattern):
+            raise ValueError("Cannot merge kernel statistics of different attention patterns "
+                             "(mask, mask_normalization, logit_bias).")
         if (self.C is None) != (other.C is None):
             raise ValueError("Cannot merge kernel statistics of different solvers.")
         if self.C is not None:
@@ -571,7 +813,7 @@ class KernelMoments:
                 if kept is not None and index < len(kept):
                     weights = kept[index]
                 else:
-                    weights = softmax_weights(X, A, allowed)
+                    weights = softmax_weights(X, A, allowed, self._pattern.bias)
                     if kept is not None:
                         kept.append(weights)
                 queries = None if allowed is None else allowed.any(axis=-1)
@@ -580,7 +822,7 @@ class KernelMoments:
                 weights = None if n >= d else np.full((1, n, n), 1.0 / n)
                 queries = None
             else:
-                weights, queries = uniform_weights(allowed)
+                weights, queries = self._base_weights(allowed)
             if queries is not None:
                 queries = np.broadcast_to(queries, X.shape[:2])[..., None]
             yield X, Y, weights, queries
@@ -901,6 +1143,13 @@ class KernelMoments:
                      exact=identified and (not self.centred or (refined and converged)))
 
 
+def _same_pattern(a, b):
+    """Whether two checked :class:`AttentionPattern` are the same."""
+    return a.normalization == b.normalization and all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in ((a.allowed, b.allowed), (a.weights, b.weights), (a.bias, b.bias)))
+
+
 def _token_span(P, rtol=1e-10):
     """The orthogonal projector on the span of the tokens (second moment ``P``), or ``None``
     when they span every direction."""
@@ -1021,12 +1270,14 @@ def _refined_conjugate_gradients(apply, apply_single, b, precondition, tol, max_
     return A + C, reached, doubles + used, singles
 
 
-def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None):
+def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None,
+                            mask_normalization=None, logit_bias=None):
     """Least-squares query–key kernel of attention with a known value map ``V``.
 
     One pass of :class:`KernelMoments` over all sequences; see :meth:`KernelMoments.solve`.
     """
-    return KernelMoments(V, attention, mask=mask).update(X, Y, lengths).solve()
+    return KernelMoments(V, attention, mask=mask, mask_normalization=mask_normalization,
+                         logit_bias=logit_bias).update(X, Y, lengths).solve()
 
 
 def _accumulate_outer(C, A, B):

@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._attention_operators import check_attention_mask, check_lengths
+from ._attention_operators import check_attention_pattern, check_lengths
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._rank_rules import NotEnoughData, read_rank
@@ -118,8 +118,25 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         The attention mask, for ``operator="attention"``: every query attends to every key
         (``None``), to the keys ``j <= i`` (``"causal"``, a decoder), or to the 1 entries of
         its row of a 0/1 array (each row must allow a key). Linear attention averages over the
-        allowed keys, the softmax is taken over them. Padded sequences of different lengths
-        are passed as ``fit(X, y, lengths=...)``.
+        allowed keys, the softmax is taken over them. For linear attention also an array of
+        non-negative weights, ``m_ij`` the weight of key ``j`` for query ``i`` (0: not a key),
+        used as ``mask_normalization`` says. Padded sequences of different lengths are passed
+        as ``fit(X, y, lengths=...)``.
+    mask_normalization : {None, "mean", "none"}, default=None
+        How linear attention uses row ``i`` of the mask: ``"mean"`` averages over the visible
+        keys, ``a_ij = m_ij / sum_k m_ik`` (``1 / |K_i|`` for 0/1, ``1 / n`` without a mask);
+        ``"none"`` takes the weights as given, ``y_i = sum_j m_ij (x_iᵀ W x_j) V x_j``
+        (``mask=np.tril(np.ones((n, n))) / n`` is the unnormalised causal convention ``(1/n)
+        sum_{j <= i}`` of in-context-learning theory; ``"causal"`` or ``None`` give plain
+        sums). ``None`` is ``"mean"`` for 0/1 masks; weights must state it. For softmax only
+        ``None`` or ``"mean"``. The rank does not depend on it, the kernel's scale does.
+    logit_bias : None, array-like of shape (n_tokens, n_tokens) or ("alibi", slope), \
+            default=None
+        For ``attention="softmax"``: a finite bias ``b_ij`` added to every sequence's logits,
+        ``softmax(x_iᵀ A x_j + b_ij)`` with ``A`` the kernel times ``beta / sqrt(d)``
+        (relative-position tables), or ALiBi's ``b_ij = -slope |i - j|``
+        (:func:`~sklearn_ebound.datasets.alibi_bias`; with ``mask="causal"`` the decoders'
+        ``-slope (i - j)``). The softmax is then linearised around the bias's own weights.
     criterion : {"threshold", "rsc", "cv", "energy"}, default="threshold"
         How the rank is read from the spectrum:
 
@@ -291,6 +308,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "attention": [StrOptions({"softmax", "linear"})],
         "value": [None, StrOptions({"identity"}), "array-like"],
         "mask": [None, StrOptions({"causal"}), "array-like"],
+        "mask_normalization": [None, StrOptions({"mean", "none"})],
+        "logit_bias": [None, "array-like"],
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
         # Below 1e-12 the level 1 - significance is no longer resolved in float64.
         "significance": [Interval(Real, 1e-12, 0.5, closed="left")],
@@ -301,12 +320,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     }
 
     def __init__(self, operator="auto", *, attention="softmax", value=None, mask=None,
-                 criterion="threshold", significance=1e-3, tau=0.99, cv=5, fit_intercept=True,
-                 random_state=None):
+                 mask_normalization=None, logit_bias=None, criterion="threshold",
+                 significance=1e-3, tau=0.99, cv=5, fit_intercept=True, random_state=None):
         self.operator = operator
         self.attention = attention
         self.value = value
         self.mask = mask
+        self.mask_normalization = mask_normalization
+        self.logit_bias = logit_bias
         self.criterion = criterion
         self.significance = significance
         self.tau = tau
@@ -458,26 +479,37 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         elif (y is None) != (self._fit_mode == "inputs"):
             raise ValueError("Every chunk must come with targets `y`, or none of them.")
         attention = self._fit_mode in ("kernel", "per_token")
-        if not attention and (self.mask is not None or lengths is not None):
-            raise ValueError("`mask` and `lengths` describe the attention of sequence data and "
-                             "apply only to operator='attention' (or 'auto' on 3-D data).")
+        if not attention and (self.mask is not None or lengths is not None
+                              or self.mask_normalization is not None
+                              or self.logit_bias is not None):
+            raise ValueError("`mask`, `mask_normalization`, `logit_bias` and `lengths` describe "
+                             "the attention of sequence data and apply only to "
+                             "operator='attention' (or 'auto' on 3-D data).")
         X2, Y2 = self._validate_chunk(X, y, first, min_samples)
         if attention:
-            check_attention_mask(self.mask, X2.shape[1])  # a clear error before any work
+            # a clear error before any work
+            check_attention_pattern(self.mask, X2.shape[1], self.attention,
+                                    self.mask_normalization, self.logit_bias)
             lengths = check_lengths(lengths, X2.shape[0], X2.shape[1])
         groups = check_groups(groups, X2.shape[0])
         if first:
             self._statistics, self._scales = new_statistics(
                 self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept,
-                mask=self.mask)
+                **self._pattern_params())
         if self._fit_mode == "kernel":
             self._statistics.update(X2, Y2, lengths)
         else:
-            rows = statistic_rows(self._fit_mode, X2, Y2, self.attention, self.mask, lengths)
+            rows = statistic_rows(self._fit_mode, X2, Y2, self.attention, lengths=lengths,
+                                  **self._pattern_params())
             self._keep_rows(X2, rows, groups, lengths)
             self._statistics.update(*rows)
         self._samples_seen += X2.shape[0]
         return groups
+
+    def _pattern_params(self):
+        """The attention pattern's parameters, as the statistics take them."""
+        return dict(mask=self.mask, mask_normalization=self.mask_normalization,
+                    logit_bias=self.logit_bias)
 
     def _keep_rows(self, X2, rows, groups, lengths=None):
         """Keep the rows of the 2-D statistics (and their groups) for the diagnostics."""
@@ -530,21 +562,21 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     def _accumulate_dask(self, X, y, groups):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
         self._fit_mode = mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
-        attention = self.attention
+        attention, pattern = self.attention, self._pattern_params()
         groups = check_groups(groups, X.shape[0])
 
         def start(first_x, first_y):  # validates and sizes from the first block
             X2, Y2 = self._validate_chunk(first_x, first_y, True)
             statistics, self._scales = new_statistics(
-                mode, X2, Y2, attention, self.value, self.fit_intercept, mask=self.mask)
+                mode, X2, Y2, attention, self.value, self.fit_intercept, **pattern)
             # The first block's rows are kept for the diagnostics (the rest stay on workers).
-            self._keep_rows(X2, statistic_rows(mode, X2, Y2, attention, self.mask),
+            self._keep_rows(X2, statistic_rows(mode, X2, Y2, attention, **pattern),
                             None if groups is None else groups[: X2.shape[0]])
             return statistics
 
         def add(statistics, xb, yb):
             return statistics.update(*statistic_rows(
-                mode, *self._validate_chunk(xb, yb, False), attention, self.mask))
+                mode, *self._validate_chunk(xb, yb, False), attention, **pattern))
 
         self._statistics = dask_statistics(X, y, start, add)
         if X.shape[0] < 2:

@@ -12,7 +12,7 @@ from sklearn.utils import check_array
 
 from ._attention_operators import (
     KernelMoments,
-    check_attention_mask,
+    check_attention_pattern,
     per_token_data,
     token_mixing_data,
 )
@@ -126,14 +126,18 @@ def _statistics_name(X, Y, operator, value):
     return "inputs" if Y is None else "static"
 
 
-def statistic_rows(name, X, Y, attention, mask=None, lengths=None):
+def statistic_rows(name, X, Y, attention, mask=None, lengths=None, mask_normalization=None,
+                   logit_bias=None):
     """The rows the 2-D statistics of ``name`` are made of, for one validated chunk (for
-    ``"per_token"``, of sequences with the attention ``mask`` and padding ``lengths``)."""
+    ``"per_token"``, of sequences with the attention ``mask`` (its ``mask_normalization``, a
+    ``logit_bias``) and padding ``lengths``)."""
     if name == "token_mixing":
         return token_mixing_data(X, Y)
     if name == "per_token":
-        return per_token_data(X, Y, center_sequences=attention == "softmax",
-                              mask=check_attention_mask(mask, X.shape[1]), lengths=lengths)
+        pattern = check_attention_pattern(mask, X.shape[1], attention, mask_normalization,
+                                          logit_bias)
+        return per_token_data(X, Y, center_sequences=attention == "softmax", mask=pattern,
+                              lengths=lengths)
     return X, Y
 
 
@@ -169,9 +173,11 @@ def value_map(value, n_features, n_targets):
     return V
 
 
-def new_statistics(name, X, Y, attention, value, center, mask=None):
+def new_statistics(name, X, Y, attention, value, center, mask=None, mask_normalization=None,
+                   logit_bias=None):
     """Empty statistics ``name`` for data shaped like the first chunk, and their scales
-    (``mask``: the attention mask of ``"kernel"``).
+    (``mask``, ``mask_normalization``, ``logit_bias``: the attention pattern of
+    ``"kernel"``).
 
     The data enter divided by the powers of two of the first chunk (exact), so that the
     products of extreme data stay finite; the scales ``(s_x, s_y)`` are returned with them.
@@ -181,7 +187,9 @@ def new_statistics(name, X, Y, attention, value, center, mask=None):
         # The value map V takes X's units to Y's: one common scale keeps it valid.
         scales = (max(scales),) * 2
         V = value_map(value, X.shape[2], Y.shape[2])
-        return KernelMoments(V, attention, scale=scales[0], mask=mask), scales
+        return KernelMoments(V, attention, scale=scales[0], mask=mask,
+                             mask_normalization=mask_normalization,
+                             logit_bias=logit_bias), scales
     X2, Y2 = statistic_rows(name, X[:1], Y[:1], attention)
     return Moments.empty(X2.shape[1], Y2.shape[1], center=center, scale_x=scales[0],
                          scale_y=scales[1]), scales

@@ -236,7 +236,8 @@ def test_parameters_are_checked_by_their_declared_constraints():
     with pytest.raises(InvalidParameterError, match="The 'random_state' parameter"):
         LowRankAttentionRegressor(random_state="seed", max_epochs=1).fit(_X, _Y)
     assert set(LowRankAttentionRegressor._parameter_constraints) == {
-        "rank", "attention", "value", "init_scale", "logit_scale", "mask", "random_state"}
+        "rank", "attention", "value", "init_scale", "logit_scale", "mask", "mask_normalization",
+        "logit_bias", "random_state"}
     # scikit-learn's switch turns the check off, as for its own estimators.
     with config_context(skip_parameter_validation=True):
         LowRankAttentionRegressor(logit_scale=-1.0, max_epochs=0).fit(_X, _Y)

@@ -310,3 +310,14 @@ def test_cli_startup_quick(load):
     report = bench.main(["--repeats", "1"])
     assert report["baseline_s"] > 0
     assert report["ratios"] and all(np.isfinite(r) and r > 0 for r in report["ratios"].values())
+
+
+def test_attention_patterns_quick(load):
+    bench = load("bench_attention_patterns")
+    rows = bench.table_row(1)
+    by_reading = {(row["value"], row["reading"].split()[0]): row["ranks"] for row in rows}
+    assert by_reading[("identity", "weights")] == [3] and by_reading[(None, "weights")] == [3]
+    assert by_reading[("identity", "mask='causal'")][0] > 3  # the average is another model
+    summary = bench.grid(1, quick=True)
+    assert summary["tasks"] == 12 and summary["exact"] == 1.0
+    assert summary["solver_difference"] < 1e-8

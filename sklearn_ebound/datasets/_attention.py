@@ -17,17 +17,17 @@ from scipy.special import softmax
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
 from .._attention_operators import (
-    allowed_keys,
-    check_attention_mask,
+    alibi_bias,
+    base_weights,
+    check_attention_pattern,
     check_lengths,
-    uniform_weights,
     valid_tokens,
 )
 from .._deprecation import renamed_keyword
 from .._random import random_orthonormal
 from ._static import padded_spectrum, planted_singular_values
 
-__all__ = ["make_attention_task", "make_static_mixing_task"]
+__all__ = ["make_attention_task", "make_static_mixing_task", "alibi_bias"]
 
 _VALUE_MAPS = ("identity", "random", "low_rank")
 
@@ -121,6 +121,8 @@ def make_attention_task(
     vocabulary_size=None,
     vocabulary_law="gaussian",
     mask=None,
+    mask_normalization=None,
+    logit_bias=None,
     lengths=None,
     random_state=None,
     return_params=False,
@@ -139,6 +141,11 @@ def make_attention_task(
     without a mask), and the softmax is taken over them. With ``lengths`` the sequences are
     padded: the tokens at positions ``>= lengths[s]`` are zero in ``X`` and ``Y`` (no noise),
     and are neither queries nor keys.
+
+    Linear attention with mask weights ``m_ij``: ``y_i = sum_j a_ij (x_i^T W x_j) V x_j``
+    with ``a_ij = m_ij / sum_k m_ik`` (``mask_normalization="mean"``) or ``a_ij = m_ij``
+    (``"none"``). Softmax attention with a logit bias ``b``: ``softmax(beta X_s W X_s^T /
+    sqrt(d) + b)``, the bias added to the scaled logits of every sequence.
 
     with the query-key kernel ``W = W_Q W_K^T`` of rank ``r*_att = rank``: ``W_Q = U S^{1/2}``,
     ``W_K = R S^{1/2}`` with Haar-random orthonormal ``U, R`` (``d x r``) and ``S`` the planted
@@ -188,7 +195,22 @@ def make_attention_task(
         exponential entries (a skewed law).
     mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
         Which keys each query attends to: all (``None``), ``j <= i`` (``"causal"``, as in a
-        decoder), or the 1 entries of row ``i`` of a 0/1 array (each row must allow one).
+        decoder), or the 1 entries of row ``i`` of a 0/1 array (each row must allow one). For
+        linear attention also non-negative weights: ``m_ij`` is the weight of key ``j`` for
+        query ``i`` (0: not a key; each row needs a positive one), used as
+        ``mask_normalization`` says.
+    mask_normalization : {None, "mean", "none"}, default=None
+        How linear attention uses row ``i`` of the mask: ``"mean"`` averages over the visible
+        keys, ``a_ij = m_ij / sum_k m_ik`` (``1/|K_i|`` for 0/1, ``1/n`` without a mask);
+        ``"none"`` uses the weights as given, ``a_ij = m_ij`` (``mask=np.tril(np.ones((n,
+        n))) / n`` is the unnormalised causal ``(1/n) sum_{j <= i}`` of in-context-learning
+        theory; ``"causal"`` or ``None`` give plain sums). ``None`` means ``"mean"`` for 0/1
+        masks, and weights must state it. For softmax only ``None`` or ``"mean"``.
+    logit_bias : None, array-like of shape (n_tokens, n_tokens) or ("alibi", slope), \
+            default=None
+        Softmax attention only: a finite bias ``b_ij`` added to every sequence's scaled
+        logits (position terms, relative-position tables), or ALiBi's ``b_ij = -slope |i -
+        j|`` (:func:`alibi_bias`; with ``mask="causal"`` the decoders' ``-slope (i - j)``).
     lengths : array-like of shape (n_samples,), default=None
         Lengths of padded sequences, in ``[1, n_tokens]``; ``None``: no padding.
     random_state : int, RandomState instance or None, default=None
@@ -204,7 +226,10 @@ def make_attention_task(
     X : ndarray of shape (n_samples, n_tokens, n_features)
     Y : ndarray of shape (n_samples, n_tokens, n_targets)
     params : Bunch, only when ``return_params=True``
-        ``vocabulary`` (the embeddings, or ``None``), ``W_Q``, ``W_K`` (``d x r``), ``W``
+        ``vocabulary`` (the embeddings, or ``None``), ``mask`` (the boolean allowed keys,
+        or ``None``), ``mask_weights`` (the mask's weights, ``None`` for 0/1),
+        ``mask_normalization``, ``logit_bias`` (the ``(n, n)`` array, or ``None``),
+        ``lengths``, ``W_Q``, ``W_K`` (``d x r``), ``W``
         (``d x d``), ``V`` (``d_out x d``),
         ``singular_values`` (of ``W``, length ``d``), ``rank``, ``attention``, ``logit_scale``,
         ``noise``, and ``noise_floor = noise^2 * d_out``: the population risk of the true
@@ -239,7 +264,7 @@ def make_attention_task(
     hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
     V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
 
-    mask = check_attention_mask(mask, n_tokens)
+    pattern = check_attention_pattern(mask, n_tokens, attention, mask_normalization, logit_bias)
     lengths = check_lengths(lengths, n_samples, n_tokens)
     if vocabulary_size is None:
         embeddings = None
@@ -251,13 +276,17 @@ def make_attention_task(
     valid = valid_tokens(lengths, n_tokens)
     if valid is not None:
         X = X * valid[..., None]
-    allowed = allowed_keys(mask, valid, n_tokens)
+    allowed = pattern.keys(valid, n_tokens)
     # logits[s, i, j] = x_i^T W x_j
     logits = X @ W @ X.transpose(0, 2, 1)
     if attention == "linear":
-        mixing = logits / n_tokens if allowed is None else logits * uniform_weights(allowed)[0]
+        # a_ij: 1/n, 1/|K_i|, or the mask's weights (normalised, or as given)
+        mixing = logits / n_tokens if allowed is None else logits * base_weights(
+            pattern, allowed)[0]
     else:
         scaled = logit_scale * logits / np.sqrt(n_features)
+        if pattern.bias is not None:
+            scaled = scaled + pattern.bias
         if allowed is not None:
             scaled = np.where(allowed, scaled, -np.inf)
             scaled[~np.broadcast_to(allowed.any(axis=-1), scaled.shape[:2])] = 0.0  # padding rows
@@ -269,7 +298,10 @@ def make_attention_task(
         return X, Y
     params = Bunch(
         vocabulary=embeddings,
-        mask=mask,
+        mask=pattern.allowed,
+        mask_weights=pattern.weights,
+        mask_normalization=pattern.normalization,
+        logit_bias=pattern.bias,
         lengths=lengths,
         W_Q=W_Q,
         W_K=W_K,

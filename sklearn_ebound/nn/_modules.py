@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .._attention_operators import check_attention_mask
+from .._attention_operators import check_attention_pattern, is_alibi
 from .._deprecation import renamed_keyword
 
 __all__ = ["LowRankAttention", "StaticTokenMixer"]
@@ -89,7 +89,11 @@ class LowRankAttention(nn.Module):
     With a ``mask`` query ``i`` attends only to its allowed keys ``K_i``: linear attention
     averages over them (``1 / |K_i|`` in place of ``1 / n``), the softmax is taken over them;
     the conventions of :func:`~sklearn_ebound.datasets.make_attention_task` and
-    :class:`~sklearn_ebound.IntrinsicRankEstimator`.
+    :class:`~sklearn_ebound.IntrinsicRankEstimator`. Linear attention with mask weights
+    ``m_ij`` mixes by ``(Q K^T) ∘ a`` with ``a_ij = m_ij / sum_k m_ik`` (``mask_normalization
+    ="mean"``, over the keys that are not padding) or ``a_ij = m_ij`` (``"none"``); softmax
+    attention adds ``logit_bias`` to its scaled logits, ``softmax(beta X W X^T / sqrt(d) +
+    b)``.
 
     Parameters
     ----------
@@ -111,7 +115,15 @@ class LowRankAttention(nn.Module):
     mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
         Which keys each query attends to: all, ``j <= i`` (``"causal"``), or the 1 entries of
         its row of a 0/1 array (every row must allow a key; sequences must then have
-        ``n_tokens`` tokens).
+        ``n_tokens`` tokens); for linear attention also non-negative weights (0: not a key).
+    mask_normalization : {None, "mean", "none"}, default=None
+        Linear attention: ``"mean"`` divides each row of the mask by its sum (``None``, for
+        0/1 masks), ``"none"`` uses the weights as given; weights must state it. See
+        :func:`~sklearn_ebound.datasets.make_attention_task`.
+    logit_bias : None, array-like of shape (n_tokens, n_tokens) or ("alibi", slope), \
+            default=None
+        Softmax attention: a finite bias added to every sequence's scaled logits, or ALiBi's
+        ``-slope |i - j|`` (built for the sequences' length).
     kind : {"softmax", "linear"}, default=None
         Deprecated spelling of ``attention``, kept for one release: when given, it replaces
         ``attention``, with a ``FutureWarning``.
@@ -144,6 +156,8 @@ class LowRankAttention(nn.Module):
         init_scale=1e-2,
         mask=None,
         *,
+        mask_normalization=None,
+        logit_bias=None,
         kind=None,
     ):
         super().__init__()
@@ -153,12 +167,24 @@ class LowRankAttention(nn.Module):
             raise ValueError(
                 f"`attention` must be 'softmax' or 'linear'. Got {attention!r} instead."
             )
-        self.causal = isinstance(mask, str) and check_attention_mask(mask, 1) is not None
-        if mask is not None and not self.causal:
-            self.register_buffer("mask", torch.as_tensor(
-                check_attention_mask(mask, np.shape(mask)[0] if np.ndim(mask) else 0)))
-        else:
-            self.mask = None
+        # Checked against a size read from the arrays (1 for the forms without one); the
+        # sequences' length is checked at forward.
+        sized = [np.shape(a)[0] for a in (mask, logit_bias)
+                 if a is not None and not isinstance(a, str) and not is_alibi(a) and np.ndim(a)]
+        pattern = check_attention_pattern(mask, sized[0] if sized else 1, attention,
+                                          mask_normalization, logit_bias)
+        self.causal = isinstance(mask, str)
+        self.mask_normalization = pattern.normalization
+        self.alibi_slope = float(logit_bias[1]) if is_alibi(logit_bias) else None
+        tensors = {"mask": None if self.causal else pattern.allowed,
+                   "mask_weights": pattern.weights,
+                   "logit_bias": None if self.alibi_slope is not None else pattern.bias}
+        for name, array in tensors.items():
+            if array is None:
+                setattr(self, name, None)
+            else:
+                dtype = torch.bool if array.dtype == bool else torch.float32
+                self.register_buffer(name, torch.as_tensor(array, dtype=dtype))
         rank = n_features if rank is None else rank
         if n_targets is None:
             fixed = value is not None and not isinstance(value, str)
@@ -173,6 +199,18 @@ class LowRankAttention(nn.Module):
         """The query-key kernel ``W = W_Q W_K^T``, a ``d x d`` tensor of rank ``<= k``."""
         return self.W_Q @ self.W_K.T
 
+    @property
+    def _plain(self):
+        # Every query averages uniformly over all the keys: the O(n) paths below apply.
+        return (not self.causal and self.mask is None and self.mask_weights is None
+                and self.logit_bias is None and self.alibi_slope is None
+                and self.mask_normalization == "mean")
+
+    def _check_size(self, tensor, what, n_tokens):
+        if tensor is not None and tensor.shape[0] != n_tokens:
+            raise ValueError(f"The {what} is {tuple(tensor.shape)} but the sequences have "
+                             f"{n_tokens} tokens.")
+
     def allowed_keys(self, n_tokens, lengths=None):
         """Boolean tensor of the keys each query may attend to, or ``None`` for all.
 
@@ -183,9 +221,7 @@ class LowRankAttention(nn.Module):
         if self.causal:
             mask = torch.ones(n_tokens, n_tokens, dtype=torch.bool).tril()
         else:
-            if self.mask is not None and self.mask.shape[0] != n_tokens:
-                raise ValueError(f"The attention mask is {tuple(self.mask.shape)} but the "
-                                 f"sequences have {n_tokens} tokens.")
+            self._check_size(self.mask, "attention mask", n_tokens)
             mask = self.mask
         if lengths is None:
             return mask
@@ -194,28 +230,50 @@ class LowRankAttention(nn.Module):
         allowed = valid[:, :, None] & valid[:, None, :]
         return allowed if mask is None else allowed & mask.to(allowed.device)
 
+    def bias(self, n_tokens):
+        """The ``(n, n)`` logit bias added to the scaled logits, or ``None``."""
+        if self.alibi_slope is not None:
+            positions = torch.arange(n_tokens, dtype=torch.float32)
+            return -self.alibi_slope * (positions[:, None] - positions[None, :]).abs()
+        self._check_size(self.logit_bias, "logit bias", n_tokens)
+        return self.logit_bias
+
     def forward(self, X, lengths=None):
         """Attend over each sequence of ``X`` ``(b, n, d)``; ``lengths`` ``(b,)`` marks the
         padding, whose outputs are zero."""
         Q, K, values = X @ self.W_Q, X @ self.W_K, self.value_map(X)
-        allowed = self.allowed_keys(X.shape[-2], lengths)
-        if allowed is None:
+        n = X.shape[-2]
+        allowed = self.allowed_keys(n, lengths)
+        if allowed is None and self._plain:
             if self.attention == "linear":
                 # (1/n) (Q K^T) values = (1/n) Q (K^T values): O(n k d_out), no n x n matrix.
-                return Q @ (K.transpose(-2, -1) @ values) / X.shape[-2]
+                return Q @ (K.transpose(-2, -1) @ values) / n
             scale = self.logit_scale / math.sqrt(self.n_features)
             return F.scaled_dot_product_attention(Q, K, values, scale=scale)
+        if allowed is None:
+            allowed = torch.ones(n, n, dtype=torch.bool)
         allowed = allowed.to(X.device)
         # A query without an allowed key (padding) outputs zero.
         has_key = allowed.any(dim=-1, keepdim=True)
         if self.attention == "linear":
-            # 1 / |K_i| on the allowed keys of query i.
-            weights = allowed / allowed.sum(dim=-1, keepdim=True).clamp(min=1)
-            return ((Q @ K.transpose(-2, -1)) * weights.to(Q.dtype)) @ values
+            # a_ij: the mask's weights (1 for 0/1) on the allowed keys of query i, divided by
+            # their sum ("mean": 1 / |K_i| for 0/1) or as given ("none").
+            self._check_size(self.mask_weights, "mask of weights", n)
+            weights = allowed.to(Q.dtype)
+            if self.mask_weights is not None:
+                weights = weights * self.mask_weights.to(device=X.device, dtype=Q.dtype)
+            if self.mask_normalization == "mean":
+                total = weights.sum(dim=-1, keepdim=True)
+                weights = weights / torch.where(total > 0, total, torch.ones_like(total))
+            return ((Q @ K.transpose(-2, -1)) * weights) @ values
         scale = self.logit_scale / math.sqrt(self.n_features)
         # Rows without a key attend to all (no NaN), then are zeroed.
-        out = F.scaled_dot_product_attention(Q, K, values, attn_mask=allowed | ~has_key,
-                                             scale=scale)
+        attend = allowed | ~has_key
+        bias = self.bias(n)
+        if bias is not None:  # additive form: the bias where allowed, -inf elsewhere
+            bias = bias.to(device=X.device, dtype=Q.dtype)
+            attend = torch.where(attend, bias, torch.full_like(bias, -torch.inf))
+        out = F.scaled_dot_product_attention(Q, K, values, attn_mask=attend, scale=scale)
         return out * has_key.to(out.dtype)
 
 

@@ -21,7 +21,7 @@ from skorch.utils import is_dataset, to_tensor
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Subset
 from torch.utils.data import Dataset as TorchDataset
 
-from .._attention_operators import check_attention_mask, check_lengths
+from .._attention_operators import check_attention_pattern, check_lengths
 from .._spectrum import energy_rank
 from .._validation import check_sequences
 from ..exceptions import TrainingDivergedError
@@ -114,7 +114,17 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
     mask : None, "causal" or array-like of shape (n_tokens, n_tokens), default=None
         The attention mask of ``attention="softmax"`` or ``"linear"``: every query attends to
         every key, to the keys ``j <= i`` (``"causal"``), or to the 1 entries of its row of a
-        0/1 array; see :class:`LowRankAttention`.
+        0/1 array; for ``attention="linear"`` also an array of non-negative weights; see
+        :class:`LowRankAttention`.
+    mask_normalization : {None, "mean", "none"}, default=None
+        How linear attention uses each row of the mask: averaged over the visible keys
+        (``"mean"``; ``None`` means it for 0/1 masks) or as given (``"none"``, e.g. ``mask=
+        np.tril(np.ones((n, n))) / n``); weights must state it. The conventions of
+        :func:`~sklearn_ebound.datasets.make_attention_task`.
+    logit_bias : None, array-like of shape (n_tokens, n_tokens) or ("alibi", slope), \
+            default=None
+        For ``attention="softmax"``: a bias added to every sequence's scaled logits, or
+        ALiBi's ``-slope |i - j|`` (:func:`~sklearn_ebound.datasets.alibi_bias`).
     optimizer : torch optimizer class, default=torch.optim.Adam
         Its own parameters go through ``optimizer__<name>``.
     lr : float, default=0.02
@@ -226,6 +236,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         "init_scale": [Interval(Real, 0, None, closed="neither")],
         "logit_scale": [Interval(Real, 0, None, closed="left")],
         "mask": [None, StrOptions({"causal"}), "array-like"],
+        "mask_normalization": [None, StrOptions({"mean", "none"})],
+        "logit_bias": [None, "array-like"],
         "random_state": ["random_state"],
     }
 
@@ -238,6 +250,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         init_scale=1e-2,
         logit_scale=1.0,
         mask=None,
+        mask_normalization=None,
+        logit_bias=None,
         optimizer=torch.optim.Adam,
         lr=0.02,
         max_epochs=200,
@@ -268,6 +282,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         self.init_scale = init_scale
         self.logit_scale = logit_scale
         self.mask = mask
+        self.mask_normalization = mask_normalization
+        self.logit_bias = logit_bias
         self.random_state = random_state
 
     @property
@@ -415,7 +431,8 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
         else:
             module_cls = LowRankAttention
             kwargs.update(n_features=self.n_features_in_, attention=self.attention,
-                          mask=self.mask)
+                          mask=self.mask, mask_normalization=self.mask_normalization,
+                          logit_bias=self.logit_bias)
         # `module__<name>` parameters override the ones above.
         kwargs.update(self.get_params_for("module"))
         self.module_ = module_cls(**kwargs)
@@ -572,11 +589,13 @@ class LowRankAttentionRegressor(NeuralNetRegressor):
             width, width_name = n_tokens, "n_tokens"
         else:
             width, width_name = n_features, "n_features"
-        if self.mask is not None:
-            if self.attention in _STATIC:
-                raise ValueError(f"`mask` applies to attention='softmax' or 'linear'. Got "
+        for name in ("mask", "mask_normalization", "logit_bias"):
+            if getattr(self, name) is not None and self.attention in _STATIC:
+                raise ValueError(f"`{name}` applies to attention='softmax' or 'linear'. Got "
                                  f"attention={self.attention!r}.")
-            check_attention_mask(self.mask, n_tokens)
+        if self.attention not in _STATIC:
+            check_attention_pattern(self.mask, n_tokens, self.attention,
+                                    self.mask_normalization, self.logit_bias)
         if self.rank is not None and self.rank > width:
             raise ValueError(
                 f"`rank` upper bound is {width} ({width_name}). Got {self.rank} instead. "
