@@ -310,3 +310,16 @@ def test_cli_startup_quick(load):
     report = bench.main(["--repeats", "1"])
     assert report["baseline_s"] > 0
     assert report["ratios"] and all(np.isfinite(r) and r > 0 for r in report["ratios"].values())
+
+
+def test_lack_of_fit_quick(load):
+    bench = load("bench_lack_of_fit")
+    report = bench.main(["--quick", "--draws", "2", "--repeats", "1"])
+    rows = {row["case"]: row for row in report["table"]}
+    assert len(rows) == 6 and all(row["ok"] for row in rows.values())
+    misfits = [row for row in rows.values() if row["kind"] == "misfit"]
+    assert [row["warned"] for row in misfits] == [2, 2]
+    assert misfits[0]["better"] == {"linear": 2} and misfits[1]["better"] == {"linear-1/n": 2}
+    assert all(row["warned"] == 0 for row in rows.values() if row["kind"] == "planted")
+    assert len(report["overhead"]) == 4
+    assert all(np.isfinite(row["ratio"]) and row["on_s"] > 0 for row in report["overhead"])
