@@ -36,7 +36,6 @@ from scipy import special
 
 from ._attention_operators import (
     KernelMoments,
-    _apply_moments,
     allowed_keys,
     check_attention_mask,
     softmax_weights,
@@ -81,8 +80,13 @@ def _predict(model, X, kernel, V, allowed, uniform, counts):
     """The output ``ŷ`` of attention ``model`` with kernel ``W`` (logits ``x_iᵀ W x_j``)."""
     if model == "softmax":
         return softmax_weights(X, kernel.T, allowed) @ X @ V.T
-    # Linear: ŷ_i = V S_i Wᵀ x_i, S_i the mean of x_j x_jᵀ over the visible keys.
-    out = _apply_moments(X, X @ kernel, uniform, centred=False) @ V.T
+    # Linear: ŷ_i = V S_i Wᵀ x_i, S_i the mean of x_j x_jᵀ over the visible keys, so
+    # S_i z_i = sum_j a_ij (x_jᵀ z_i) x_j with z_i = Wᵀ x_i (Xᵀ X Z / n without a mask).
+    Z = X @ kernel
+    if uniform is None:
+        out = Z @ (X.transpose(0, 2, 1) @ X / X.shape[1]) @ V.T
+    else:
+        out = (uniform * (Z @ X.transpose(0, 2, 1))) @ X @ V.T
     if model == "linear-1/n" and counts is not None:
         out *= counts[..., None]
     return out
