@@ -23,6 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._attention_operators import check_attention_pattern, check_lengths
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
+from ._lack_of_fit import lack_of_fit, lack_of_fit_message
 from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
@@ -38,14 +39,14 @@ from ._validation import (
     check_sequence_pair,
     check_sequences,
 )
-from .exceptions import RankEstimationWarning
+from .exceptions import LackOfFitWarning, RankEstimationWarning
 
 __all__ = ["IntrinsicRankEstimator"]
 
 # Fitted attributes that only some statistics or criteria set.
 _OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_seen_",
                         "noise_model_", "diagnostics_", "p_values_", "rank_interval_",
-                        "detection_limit_")
+                        "detection_limit_", "lack_of_fit_")
 # Reading attributes that come from a reading's field of the same name.
 _READING_ATTRIBUTES = ("noise_model", "diagnostics", "p_values", "rank_interval")
 # Attributes read from the solved statistics: after partial_fit they are computed when first
@@ -193,6 +194,17 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Seed of the resampled null (the bootstrap of ``criterion="threshold"`` where the
         residual diagnostics fail); clean Gaussian data draw nothing. With ``None`` a switched
         reading's p-values (rarely its rank) vary from fit to fit; pass an int to repeat them.
+    lack_of_fit : bool, default=True
+        With a known value map, test after :meth:`fit` whether the fitted attention model
+        explains the data: whether its residuals are still explained by the inputs (by the
+        values' mean over the visible keys, which softmax outputs carry and linear attention's
+        do not, and for linear attention with a mask or padding by a gain that grows with the
+        visible keys, as ``1 / n_tokens`` weighting has). Where that test rejects at level
+        1e-5, the other attention models are fitted on half of the sequences and compared on
+        the other half, and a :class:`~sklearn_ebound.exceptions.LackOfFitWarning` names the
+        misfit and what fits better; ``lack_of_fit_`` holds the numbers. Data of the model
+        asked for pass (and the test costs a few percent of the fit); ``False`` skips it.
+        :meth:`partial_fit` and dask arrays never run it.
 
     Attributes
     ----------
@@ -279,6 +291,18 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         limit are all found in 90% of draws at 1e-3 even with the noise level known), and
         with few residual degrees of freedom ``sigma`` is itself estimated, to a relative
         error of about ``1 / sqrt(2 dof q)``.
+    lack_of_fit_ : dict, only with a known value map after :meth:`fit` with ``lack_of_fit``
+        The lack-of-fit test of the fitted attention model: ``"statistic"`` (Hotelling's
+        ``F`` of the per-sequence scores of the residuals on the ``"terms"``), ``"df"``,
+        ``"p_value"``, ``"level"`` (1e-5), ``"failed"``, ``"model"`` (the one fitted:
+        ``"linear"`` or ``"softmax"``) and ``"better"`` (``None``, or the model that fits
+        significantly better on held-out sequences: ``"linear"``, ``"softmax"`` or
+        ``"linear-1/n"``, linear attention weighted ``1 / n_tokens`` instead of averaged over
+        the visible keys); where the test failed, ``"held_out"`` (each model's held-out mean
+        squared error per token, cross-fitted on the two halves of the sequences) and
+        ``"held_out_p_values"`` (the one-sided paired tests of each alternative against the
+        model fitted). The user guide's "Data that are not the attention model asked for"
+        explains it.
     mean_ : ndarray of shape (n_features,)
     n_features_in_ : int
     feature_names_in_ : ndarray of str
@@ -317,11 +341,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],
         "random_state": ["random_state"],
+        "lack_of_fit": ["boolean"],
     }
 
     def __init__(self, operator="auto", *, attention="softmax", value=None, mask=None,
                  mask_normalization=None, logit_bias=None, criterion="threshold",
-                 significance=1e-3, tau=0.99, cv=5, fit_intercept=True, random_state=None):
+                 significance=1e-3, tau=0.99, cv=5, fit_intercept=True, random_state=None,
+                 lack_of_fit=True):
         self.operator = operator
         self.attention = attention
         self.value = value
@@ -334,6 +360,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.cv = cv
         self.fit_intercept = fit_intercept
         self.random_state = random_state
+        self.lack_of_fit = lack_of_fit
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, groups=None, lengths=None):
@@ -374,7 +401,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         groups = self._accumulate(X, y, min_samples=2, groups=groups, lengths=lengths)
         if self.criterion == "cv":
             return self._read(cv_data=(*self._cv_data(X, y), groups))
-        return self._read()
+        self._read()
+        if self._fit_mode == "kernel" and self.lack_of_fit:
+            self._check_lack_of_fit(X, y, lengths)
+        return self
 
     def partial_fit(self, X, y=None, groups=None, lengths=None):
         """Add a chunk of data; the rank is read from everything seen so far when first asked.
@@ -419,6 +449,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
         for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
             self.__dict__.pop(name, None)
+        self.__dict__.pop("lack_of_fit_", None)  # a fit's check, not of the chunks
         self._unread = True
         return self
 
@@ -587,6 +618,32 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         # criterion="cv" reads 2-D data only (the table): the rows are the samples.
         X2, Y2 = self._validate_2d(X, y, reset=False, min_samples=2)
         return X2 / self._scales[0], Y2 / self._scales[1]
+
+    def _check_lack_of_fit(self, X, y, lengths):
+        """Test the fitted attention model's residuals (:mod:`._lack_of_fit`), on the data
+        scaled as the kernel was fitted; warn where it fails."""
+        X, Y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)  # validated
+        # Extreme data are tested scaled by the power of two they were fitted at (exact), so
+        # that the cubic and quartic products stay finite; the others as they are, uncopied.
+        scale = self._scales[0]  # one power of two for X and Y (a known value map)
+        if 2.0**-60 <= scale <= 2.0**60:
+            scale = 1.0
+        with np.errstate(over="ignore"):
+            kernel = self.qk_kernel_ * scale * scale
+        if not np.all(np.isfinite(kernel)):
+            return
+        if scale != 1.0:
+            X, Y = X / scale, Y / scale
+        self.lack_of_fit_ = result = lack_of_fit(
+            X, Y, kernel, self._statistics.V, self.attention, self.mask,
+            check_lengths(lengths, X.shape[0], X.shape[1]),
+            mask_normalization=self.mask_normalization, logit_bias=self.logit_bias)
+        if "held_out" in result and scale != 1.0:  # squared errors, in the units of the data
+            with np.errstate(over="ignore"):
+                result["held_out"] = {m: e * scale * scale for m, e in result["held_out"].items()}
+        if self.lack_of_fit_["failed"]:
+            warnings.warn(lack_of_fit_message(self.lack_of_fit_), LackOfFitWarning,
+                          stacklevel=4)
 
     # --- reading the rank --------------------------------------------------------------------
 

@@ -1,10 +1,22 @@
 """Warnings and errors raised by sklearn-ebound."""
 
-__all__ = ["RankEstimationWarning", "TrainingDivergedError"]
+__all__ = ["LackOfFitWarning", "RankEstimationWarning", "TrainingDivergedError"]
 
 
 class RankEstimationWarning(UserWarning):
     """A rank was estimated under assumptions the data strain; the answer is uncertain."""
+
+
+class LackOfFitWarning(RankEstimationWarning):
+    """The attention model a rank was read with does not fit the data; another one may.
+
+    Raised by :class:`~sklearn_ebound.IntrinsicRankEstimator` with a known value map when the
+    residuals of the fitted attention model are still explained by the inputs (a test at level
+    1e-5), so that the rank of its kernel need not be the task's. The message names the
+    misfit and, from a held-out comparison, the attention model that fits better; the fitted
+    ``lack_of_fit_`` holds the numbers. A subclass of :class:`RankEstimationWarning`: filters
+    of that class catch it too.
+    """
 
 
 class TrainingDivergedError(ValueError):

@@ -321,3 +321,16 @@ def test_attention_patterns_quick(load):
     summary = bench.grid(1, quick=True)
     assert summary["tasks"] == 12 and summary["exact"] == 1.0
     assert summary["solver_difference"] < 1e-8
+
+
+def test_lack_of_fit_quick(load):
+    bench = load("bench_lack_of_fit")
+    report = bench.main(["--quick", "--draws", "2", "--repeats", "1"])
+    rows = {row["case"]: row for row in report["table"]}
+    assert len(rows) == 6 and all(row["ok"] for row in rows.values())
+    misfits = [row for row in rows.values() if row["kind"] == "misfit"]
+    assert [row["warned"] for row in misfits] == [2, 2]
+    assert misfits[0]["better"] == {"linear": 2} and misfits[1]["better"] == {"linear-1/n": 2}
+    assert all(row["warned"] == 0 for row in rows.values() if row["kind"] == "planted")
+    assert len(report["overhead"]) == 4
+    assert all(np.isfinite(row["ratio"]) and row["on_s"] > 0 for row in report["overhead"])

@@ -158,9 +158,10 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
                     row["data_only_value_known"] = np.nan
                 else:
                     bias = 0.0 if layer.b_v is None else layer.b_v[g]
+                    # Only the rank is measured: no lack-of-fit check (and its refits).
                     row["data_only_value_known"] = IntrinsicRankEstimator(
                         operator="attention", attention="softmax", value=layer.w_v[g].T,
-                        mask=mask).fit(X, Y - bias).rank_
+                        mask=mask, lack_of_fit=False).fit(X, Y - bias).rank_
             row["known_reason"] = reason
             rows.append(row)
     return ResultTable(rows, window=window, n_windows=n_windows,
