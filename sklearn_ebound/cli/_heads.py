@@ -1,10 +1,10 @@
 """``ebound heads``: per-head ranks of the query-key kernel of a saved Hugging Face model.
 
-``ebound heads MODEL_DIR [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
+``ebound heads MODEL [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
 per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layers x heads heat
 map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
 
-``ebound heads MODEL_DIR --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
+``ebound heads MODEL --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
 the deficiency curve of every head on the text (half calibration, half evaluation), prints
 the per-head eps-ranks and the planned ranks, writes the curves, the plan and their plots
 under ``--out`` and the compressed model (a Hugging Face directory) to ``OUT_DIR``, and
@@ -16,6 +16,9 @@ without a language-model head, the last hidden state otherwise).
 """
 
 import argparse
+import functools
+import importlib.util
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,11 +55,13 @@ def add_heads_parser(commands):
     parser = commands.add_parser(
         "heads", help="attention-native rank of every head of a pretrained transformer",
         description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
-                    "saved in MODEL_DIR (config and weights, loaded offline): energy ranks at "
-                    "90% and 99%, entropy and stable rank; with --text, the same for the "
+                    "saved in MODEL (a directory of config and weights, or a GGUF file; "
+                    "loaded offline): energy ranks at 90% and 99%, entropy and stable rank; "
+                    "with --text, the same for the "
                     "logit field the head produces on that text. Writes heads.json, heads.csv, "
                     "one heat map per rank and the spectra of --head to --out.")
-    parser.add_argument("model_dir", help="directory of a saved Hugging Face model")
+    parser.add_argument("model_dir", metavar="MODEL",
+                        help="directory of a saved Hugging Face model, or a .gguf file")
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 text file, one sentence or passage per line (default: none, "
                              "the kernels only)")
@@ -134,9 +139,18 @@ def _quiet_transformers():
     hub_bars_off = hub.are_progress_bars_disabled()
     hf_logging.disable_progress_bar()  # transformers' bars and the hub's
     hf_logging.set_verbosity_error()
+    # The GGUF reader draws its own tqdm bar, which those settings do not reach.
+    gguf_reader = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if gguf_reader is None and importlib.util.find_spec("gguf") is not None:
+        import transformers.modeling_gguf_pytorch_utils as gguf_reader
+    gguf_bar = getattr(gguf_reader, "tqdm", None)
+    if gguf_bar is not None:
+        gguf_reader.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         yield
     finally:
+        if gguf_bar is not None:
+            gguf_reader.tqdm = gguf_bar
         hf_logging.set_verbosity(verbosity)
         with warnings.catch_warnings():
             # The hub warns when its environment variable keeps the bars off; so they stay.
@@ -149,17 +163,27 @@ def _quiet_transformers():
 
 def heads_command(args):
     """Run ``ebound heads`` on parsed arguments; returns the exit code."""
-    from ..heads import head_ranks
+    from ..heads import head_ranks, load_pretrained
 
     model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise CLIError(f"{args.model_dir}: not a directory with a Hugging Face config.json")
+    if model_dir.suffix.lower() == ".gguf":
+        if not model_dir.is_file():
+            raise CLIError(f"{args.model_dir}: no such GGUF file")
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise CLIError(f"{args.model_dir}: reading a GGUF file needs "
+                           f"{' and '.join(missing)} (pip install {' '.join(missing)})")
+    elif not (model_dir / "config.json").is_file():
+        raise CLIError(f"{args.model_dir}: not a directory with a Hugging Face config.json "
+                       "nor a .gguf file")
     texts = _read_text(args.text) if args.text else None
     if args.max_length < 1:
         raise CLIError(f"--max-length must be positive. Got {args.max_length}.")
     compressing = _check_compress(args, texts)
-    with _quiet_transformers():
-        result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
+    with _quiet_transformers():  # loaded once: the kernels and the compression share it
+        model, tokenizer = load_pretrained(model_dir)
+        result = head_ranks(model, inputs=texts, tokenizer=tokenizer,
+                            max_length=args.max_length)
     layer, head = args.head
     row = next((r for r in result.rows if r["layer"] == layer and r["head"] == head), None)
     if row is None:
@@ -189,7 +213,8 @@ def heads_command(args):
     payload = {"summary": summary.to_dict(), "result": result.to_dict(),
                "files": [str(p) for p in written]}
     if compressing:
-        report, extra = _compress(args, model_dir, texts, out, (layer, head))
+        report, extra = _compress(args, model, tokenizer, model_dir, texts, out,
+                                  (layer, head))
         lines[-1:-1] = report
         payload.update(extra)
         payload["files"] += extra["files"]
@@ -222,7 +247,7 @@ def _check_compress(args, texts):
     return True
 
 
-def _compress(args, model_dir, texts, out, focus):
+def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``."""
     import numpy as np
 
@@ -231,14 +256,11 @@ def _compress(args, model_dir, texts, out, focus):
         distill_compressed,
         embedding_fidelity,
         head_deficiency,
-        load_pretrained,
         perplexity,
         plan_ranks,
         refine_compressed,
     )
 
-    with _quiet_transformers():
-        model, tokenizer = load_pretrained(model_dir)
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
     epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
