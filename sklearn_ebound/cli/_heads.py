@@ -1,5 +1,8 @@
 """``ebound heads``: per-head ranks of the query-key kernel of a saved Hugging Face model.
 
+``MODEL`` is a directory saved by ``save_pretrained`` or a ``.gguf`` file (read through
+transformers' GGUF support, dequantised); a causal LM is loaded as its causal-LM class.
+
 ``ebound heads MODEL [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
 per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layers x heads heat
 map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
@@ -13,6 +16,11 @@ reports its embedding cosine (or perplexity) to the original on the evaluation h
 own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
 against the original's output on the calibration half (the sentence embedding of a model
 without a language-model head, the last hidden state otherwise).
+
+The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
+``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
+arguments, resumes from them (other arguments, model or text start it over). Its progress is
+a bar on a terminal and one line per layer otherwise (stderr).
 """
 
 import argparse
@@ -26,6 +34,7 @@ from pathlib import Path
 from ._core import (
     CLIError,
     Progress,
+    ProgressLines,
     add_common_options,
     emit,
     non_negative_float,
@@ -267,16 +276,18 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
                                                                         args.eps}))
     common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
                   max_length=args.max_length, random_state=args.seed)
-    result = head_deficiency(model, texts, methods=("weight", "data"),
-                             progress=Progress("heads"), **common)
+    result = _resumable(head_deficiency, out / "deficiency_layers", "deficiency curves",
+                        model, texts, methods=("weight", "data"), **common)
+    kept = {"curves": len(result.resumed_layers)}
     plan = (plan_ranks(result, eps=args.eps, method="data") if args.eps is not None
             else plan_ranks(result, budget=args.budget, method="data"))
     method = "data"
     if args.train_steps:
         # Second pass: the planned ranks trained, so that the compressed heads are the
         # achievable pairs at those ranks.
-        result = head_deficiency(model, texts, train_at=plan, train_steps=args.train_steps,
-                                 progress=Progress("training heads"), **common)
+        result = _resumable(head_deficiency, out / "trained_layers", "training heads", model,
+                            texts, train_at=plan, train_steps=args.train_steps, **common)
+        kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
     calibration = [texts[i] for i in result.calibration_index]
@@ -335,7 +346,10 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         f"Deficiency curves of {len(eps_table.rows)} heads at every rank on "
         f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
         f"{result.seconds:.1f} s" + (f", trained step {result.train_seconds:.1f} s"
-                                     if args.train_steps else "") + ".",
+                                     if args.train_steps else "")
+        + ("; kept from an earlier run under " + str(out) + ": " + ", ".join(
+            f"the {what} of {n} of the {result.n_layers} layers" for what, n in kept.items())
+           if any(kept.values()) else "") + ".",
         "Per head: smallest rank with relative output error <= eps, and the planned rank:",
         heads_table.format(),
         "eps-ranks over heads (median, min, max):",
@@ -351,6 +365,21 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
                heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
                "compressed_model": str(target), "files": [str(p) for p in files]}
     return report, payload
+
+
+def _resumable(head_deficiency, folder, label, *args, **kwargs):
+    """``head_deficiency`` keeping its finished layers in ``folder``, with progress shown.
+
+    A bar per head on a terminal, a line per layer otherwise (a log file). Interrupted, it
+    says where the finished layers are: the same command resumes from them.
+    """
+    try:
+        return head_deficiency(*args, progress=Progress(label), on_layer=ProgressLines(label),
+                               checkpoint=folder, **kwargs)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nThe finished layers are kept in {folder}; the same command "
+                         "resumes from them.\n")
+        raise
 
 
 def _deficiency_pngs(result, out, focus):
