@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sklearn_ebound.cli import build_parser
-from sklearn_ebound.heads import head_ranks, load_pretrained
+from sklearn_ebound.heads import head_deficiency, head_predictors, head_ranks, load_pretrained
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -146,7 +146,7 @@ def test_heads_of_a_gguf_model(tiny_gguf):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_causal_lm_directory_loads_as_its_causal_lm_class(kind, tmp_path):
+def test_causal_lm_directory_loads_as_its_causal_lm_class(kind, tmp_path, word_tokenizer):
     torch.manual_seed(0)
     if kind == "llama":
         config = transformers.LlamaConfig(
@@ -167,6 +167,14 @@ def test_causal_lm_directory_loads_as_its_causal_lm_class(kind, tmp_path):
     # the heads' readers find the layers under the `model.` / `transformer.` prefix
     result = head_ranks(loaded)
     assert (result.naming, result.n_layers, result.n_heads) == (kind, 2, 4)
+    texts = ["one two three four five six seven", "eight nine ten eleven twelve thirteen",
+             "a b c d e f g h", "the quick brown fox jumps over it"]
+    table = head_predictors(loaded, texts, tokenizer=word_tokenizer(40), window=4,
+                            layers=[1])
+    assert [(r["layer"], r["head"]) for r in table.rows] == [(1, h) for h in range(4)]
+    curves = head_deficiency(loaded, texts, tokenizer=word_tokenizer(40),
+                             methods=("data",)).curves("data")
+    assert curves.shape == (2, 4, 5) and np.allclose(curves[..., -1], 0, atol=1e-12)
 
 
 def test_base_model_directory_loads_as_the_base_model(tmp_path):

@@ -5,8 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from sklearn_ebound.heads import docstring_sentences, head_deficiency
-from sklearn_ebound.heads import _deficiency
+from sklearn_ebound.heads import _deficiency, docstring_sentences, head_deficiency
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
