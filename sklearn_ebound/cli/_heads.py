@@ -64,13 +64,11 @@ def add_heads_parser(commands):
     parser = commands.add_parser(
         "heads", help="attention-native rank of every head of a pretrained transformer",
         description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
-                    "saved in MODEL (a directory of config and weights, or a GGUF file; "
-                    "loaded offline): energy ranks at 90% and 99%, entropy and stable rank; "
-                    "with --text, the same for the "
+                    "in MODEL (a saved directory or a .gguf file, loaded offline): energy "
+                    "ranks at 90% and 99%, entropy and stable rank; with --text, the same for the "
                     "logit field the head produces on that text. Writes heads.json, heads.csv, "
                     "one heat map per rank and the spectra of --head to --out.")
-    parser.add_argument("model_dir", metavar="MODEL",
-                        help="directory of a saved Hugging Face model, or a .gguf file")
+    parser.add_argument("model_dir", metavar="MODEL", help="model directory or .gguf file")
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 text file, one sentence or passage per line (default: none, "
                              "the kernels only)")
@@ -80,7 +78,8 @@ def add_heads_parser(commands):
                         help="tokens per line at most (default: %(default)s)")
     compress = parser.add_argument_group(
         "compression", "measure how much query-key rank each head needs on --text and save a "
-                       "compressed model")
+                       "compressed model; the same command resumes an interrupted run from "
+                       "the layers kept under --out")
     compress.add_argument("--compress", metavar="OUT_DIR",
                           help="write the compressed model (a Hugging Face directory) here "
                                "(no default)")
