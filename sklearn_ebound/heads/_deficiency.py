@@ -35,6 +35,11 @@ rotary models a rank-``r`` form keeps ``r // 2`` whole rotation planes (ordered 
 kernel's energy in the weights or in the data metric) by zeroing the other query columns:
 the rank then moves in steps of two and the keys (shared under grouped-query attention) are
 left untouched. The trained step is not run for rotary heads.
+
+The analysis runs one layer at a time, in named steps: split the texts, capture the layer's
+inputs, each head's forms and curves, its trained pairs, then assemble the result. A layer's
+output (a ``LayerDeficiency``) depends on no other layer, so a checkpoint folder can keep
+finished layers and a rerun resume from them (``_layer_store``).
 """
 
 import math
@@ -256,7 +261,8 @@ class HeadDeficiencyResult(ResultTable):
     ``n_tokens_evaluation``, ``seconds`` (curves), ``train_seconds`` (the trained step),
     ``train_steps``, ``output_share`` (``n_layers x n_heads``: the energy each head adds to
     the residual stream through the output projection, relative to the energy of the
-    layer's input, on the evaluation text; NaN without an output projection).
+    layer's input, on the evaluation text; NaN without an output projection),
+    ``resumed_layers`` (the layers read back from a ``checkpoint`` rather than computed).
     """
 
     def curves(self, method="data"):
