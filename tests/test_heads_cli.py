@@ -237,3 +237,56 @@ def test_heads_compress_errors(tiny_bert_with_tokenizer, tiny_gpt2, tmp_path):
         _run(base + ["--text", str(text), "--compress", str(tmp_path / "m"), "--budget", "2"])
     with pytest.raises(SystemExit):  # one of --budget and --eps
         _run(base + ["--compress", "m", "--budget", "0.3", "--eps", "0.1"])
+
+
+def test_heads_compress_reports_each_layer_and_resumes(tiny_bert_with_tokenizer, tmp_path,
+                                                      capsys, monkeypatch):
+    # Output to a file (not a terminal): one flushed line per layer. Interrupted after the
+    # first layer, the same command resumes from the kept layer and gives the same files.
+    from sklearn_ebound.heads import _deficiency
+
+    model_dir, text = tiny_bert_with_tokenizer
+
+    def argv(out):
+        return ["heads", str(model_dir), "--text", str(text), "--compress",
+                str(tmp_path / "m"), "--budget", "0.5", "--train-steps", "2", "--out",
+                str(out)]
+
+    assert _run(argv(tmp_path / "fresh")) == 0
+    err = capsys.readouterr().err
+    for label in ("deficiency curves", "training heads"):
+        assert f"{label}: layer 0 done in" in err and "(1/2, " in err
+        assert f"{label}: layer 1 done in" in err and "(2/2, " in err
+    fresh = json.loads((tmp_path / "fresh" / "deficiency.json").read_text())
+
+    analyse, computed = _deficiency._analyse_layer, []
+
+    def interrupted(model, tokenizer, layer, *args, **kwargs):
+        computed.append(layer.index)
+        if layer.index == 1:
+            raise KeyboardInterrupt
+        return analyse(model, tokenizer, layer, *args, **kwargs)
+
+    monkeypatch.setattr(_deficiency, "_analyse_layer", interrupted)
+    assert main(argv(tmp_path / "out")) == 130
+    err = capsys.readouterr().err
+    assert "The finished layers are kept in" in err and "ebound: interrupted" in err
+    assert computed == [0, 1]
+    assert (tmp_path / "out" / "deficiency_layers" / "layer_0000.npz").is_file()
+
+    monkeypatch.setattr(_deficiency, "_analyse_layer", analyse)
+    assert _run(argv(tmp_path / "out")) == 0
+    captured = capsys.readouterr()
+    assert "deficiency curves: layer 0 kept from an earlier run (1/2" in captured.err
+    assert "deficiency curves: layer 1 done in" in captured.err
+    assert ("kept from an earlier run under " + str(tmp_path / "out") + ": the curves of 1 of "
+            "the 2 layers, the trained pairs of 0 of the 2 layers") in captured.out
+    resumed = json.loads((tmp_path / "out" / "deficiency.json").read_text())
+    for a, b in zip(resumed["rows"], fresh["rows"], strict=True):
+        assert a.keys() == b.keys()
+        for key in a:  # the trained pass's curves: the same as the uninterrupted run's
+            assert (a[key] is None and b[key] is None) or a[key] == pytest.approx(b[key],
+                                                                                  rel=1e-9)
+    plan = [json.loads((tmp_path / d / "plan.json").read_text())["rows"]
+            for d in ("fresh", "out")]
+    assert plan[0] == plan[1]

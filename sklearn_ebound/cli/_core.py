@@ -19,6 +19,7 @@ __all__ = [
     "CLIError",
     "Parser",
     "Progress",
+    "ProgressLines",
     "add_common_options",
     "add_size_options",
     "emit",
@@ -74,6 +75,38 @@ class Progress:
                          f"{done}/{total}")
         if done >= total:
             sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+class ProgressLines:
+    """One flushed line on stderr per finished step, shown only when stderr is *not* a terminal.
+
+    What a log file of a long run needs instead of :class:`Progress`'s bar: it is called
+    with the ``info`` dict of a step (``done``, ``total``, ``seconds``; ``layer`` and
+    ``resumed`` as :func:`~sklearn_ebound.heads.head_deficiency`'s ``on_layer`` gives them).
+
+    Parameters
+    ----------
+    label : str
+        Text before each line.
+    enabled : bool, default=None
+        Print the lines; ``None`` prints them when stderr is not a terminal.
+    """
+
+    def __init__(self, label, enabled=None):
+        self.label = label
+        self.enabled = not sys.stderr.isatty() if enabled is None else enabled
+        self.elapsed = 0.0
+
+    def __call__(self, info):
+        self.elapsed += info["seconds"]
+        if not self.enabled:
+            return
+        step = f"layer {info['layer']}" if "layer" in info else "step"
+        how = ("kept from an earlier run" if info.get("resumed")
+               else f"done in {info['seconds']:.1f} s")
+        sys.stderr.write(f"{self.label}: {step} {how} ({info['done']}/{info['total']}, "
+                         f"{self.elapsed:.0f} s in all)\n")
         sys.stderr.flush()
 
 

@@ -1,10 +1,13 @@
 """``ebound heads``: per-head ranks of the query-key kernel of a saved Hugging Face model.
 
-``ebound heads MODEL_DIR [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
+``MODEL`` is a directory saved by ``save_pretrained`` or a ``.gguf`` file (read through
+transformers' GGUF support, dequantised); a causal LM is loaded as its causal-LM class.
+
+``ebound heads MODEL [--text FILE] [--head LAYER.HEAD] [--out DIR] [--json]`` prints the
 per-layer summary, and writes under ``--out`` the table as JSON and CSV, a layers x heads heat
 map of every rank column and the spectra of one head (PNG, when matplotlib is installed).
 
-``ebound heads MODEL_DIR --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
+``ebound heads MODEL --text FILE --compress OUT_DIR (--budget F | --eps E)`` also measures
 the deficiency curve of every head on the text (half calibration, half evaluation), prints
 the per-head eps-ranks and the planned ranks, writes the curves, the plan and their plots
 under ``--out`` and the compressed model (a Hugging Face directory of the class it was given,
@@ -16,9 +19,17 @@ to the original's; for an encoder the cosine of the sentence embeddings to the o
 own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
 against the original's output on the calibration half (the sentence embedding of a model
 without a language-model head, the last hidden state otherwise).
+
+The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
+``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
+arguments, resumes from them (other arguments, model or text start it over). Its progress is
+a bar on a terminal and one line per layer otherwise (stderr).
 """
 
 import argparse
+import functools
+import importlib.util
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +37,7 @@ from pathlib import Path
 from ._core import (
     CLIError,
     Progress,
+    ProgressLines,
     add_common_options,
     emit,
     non_negative_float,
@@ -55,11 +67,11 @@ def add_heads_parser(commands):
     parser = commands.add_parser(
         "heads", help="attention-native rank of every head of a pretrained transformer",
         description="Read the query-key kernel W_Q W_K^T of every head of a Hugging Face model "
-                    "saved in MODEL_DIR (config and weights, loaded offline): energy ranks at "
-                    "90% and 99%, entropy and stable rank; with --text, the same for the "
+                    "in MODEL (a saved directory or a .gguf file, loaded offline): energy "
+                    "ranks at 90% and 99%, entropy and stable rank; with --text, the same for the "
                     "logit field the head produces on that text. Writes heads.json, heads.csv, "
                     "one heat map per rank and the spectra of --head to --out.")
-    parser.add_argument("model_dir", help="directory of a saved Hugging Face model")
+    parser.add_argument("model_dir", metavar="MODEL", help="model directory or .gguf file")
     parser.add_argument("--text", metavar="FILE",
                         help="UTF-8 text file, one sentence or passage per line (default: none, "
                              "the kernels only)")
@@ -69,7 +81,8 @@ def add_heads_parser(commands):
                         help="tokens per line at most (default: %(default)s)")
     compress = parser.add_argument_group(
         "compression", "measure how much query-key rank each head needs on --text and save a "
-                       "compressed model")
+                       "compressed model; the same command resumes an interrupted run from "
+                       "the layers kept under --out")
     compress.add_argument("--compress", metavar="OUT_DIR",
                           help="write the compressed model (a Hugging Face directory) here "
                                "(no default)")
@@ -137,9 +150,18 @@ def _quiet_transformers():
     hub_bars_off = hub.are_progress_bars_disabled()
     hf_logging.disable_progress_bar()  # transformers' bars and the hub's
     hf_logging.set_verbosity_error()
+    # The GGUF reader draws its own tqdm bar, which those settings do not reach.
+    gguf_reader = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if gguf_reader is None and importlib.util.find_spec("gguf") is not None:
+        import transformers.modeling_gguf_pytorch_utils as gguf_reader
+    gguf_bar = getattr(gguf_reader, "tqdm", None)
+    if gguf_bar is not None:
+        gguf_reader.tqdm = functools.partial(gguf_bar, disable=True)
     try:
         yield
     finally:
+        if gguf_bar is not None:
+            gguf_reader.tqdm = gguf_bar
         hf_logging.set_verbosity(verbosity)
         with warnings.catch_warnings():
             # The hub warns when its environment variable keeps the bars off; so they stay.
@@ -152,17 +174,27 @@ def _quiet_transformers():
 
 def heads_command(args):
     """Run ``ebound heads`` on parsed arguments; returns the exit code."""
-    from ..heads import head_ranks
+    from ..heads import head_ranks, load_pretrained
 
     model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise CLIError(f"{args.model_dir}: not a directory with a Hugging Face config.json")
+    if model_dir.suffix.lower() == ".gguf":
+        if not model_dir.is_file():
+            raise CLIError(f"{args.model_dir}: no such GGUF file")
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise CLIError(f"{args.model_dir}: reading a GGUF file needs "
+                           f"{' and '.join(missing)} (pip install {' '.join(missing)})")
+    elif not (model_dir / "config.json").is_file():
+        raise CLIError(f"{args.model_dir}: not a directory with a Hugging Face config.json "
+                       "nor a .gguf file")
     texts = _read_text(args.text) if args.text else None
     if args.max_length < 1:
         raise CLIError(f"--max-length must be positive. Got {args.max_length}.")
     compressing = _check_compress(args, texts)
-    with _quiet_transformers():
-        result = head_ranks(model_dir, inputs=texts, max_length=args.max_length)
+    with _quiet_transformers():  # loaded once: the kernels and the compression share it
+        model, tokenizer = load_pretrained(model_dir)
+        result = head_ranks(model, inputs=texts, tokenizer=tokenizer,
+                            max_length=args.max_length)
     layer, head = args.head
     row = next((r for r in result.rows if r["layer"] == layer and r["head"] == head), None)
     if row is None:
@@ -192,7 +224,8 @@ def heads_command(args):
     payload = {"summary": summary.to_dict(), "result": result.to_dict(),
                "files": [str(p) for p in written]}
     if compressing:
-        report, extra = _compress(args, model_dir, texts, out, (layer, head))
+        report, extra = _compress(args, model, tokenizer, model_dir, texts, out,
+                                  (layer, head))
         lines[-1:-1] = report
         payload.update(extra)
         payload["files"] += extra["files"]
@@ -225,7 +258,7 @@ def _check_compress(args, texts):
     return True
 
 
-def _compress(args, model_dir, texts, out, focus):
+def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``."""
     import numpy as np
 
@@ -234,29 +267,28 @@ def _compress(args, model_dir, texts, out, focus):
         distill_compressed,
         head_deficiency,
         is_language_model,
-        load_pretrained,
         plan_ranks,
         refine_compressed,
     )
 
-    with _quiet_transformers():
-        model, tokenizer = load_pretrained(model_dir)
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
     epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
                                                                         args.eps}))
     common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
                   max_length=args.max_length, random_state=args.seed)
-    result = head_deficiency(model, texts, methods=("weight", "data"),
-                             progress=Progress("heads"), **common)
+    result = _resumable(head_deficiency, out / "deficiency_layers", "deficiency curves",
+                        model, texts, methods=("weight", "data"), **common)
+    kept = {"curves": len(result.resumed_layers)}
     plan = (plan_ranks(result, eps=args.eps, method="data") if args.eps is not None
             else plan_ranks(result, budget=args.budget, method="data"))
     method = "data"
     if args.train_steps:
         # Second pass: the planned ranks trained, so that the compressed heads are the
         # achievable pairs at those ranks.
-        result = head_deficiency(model, texts, train_at=plan, train_steps=args.train_steps,
-                                 progress=Progress("training heads"), **common)
+        result = _resumable(head_deficiency, out / "trained_layers", "training heads", model,
+                            texts, train_at=plan, train_steps=args.train_steps, **common)
+        kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
     calibration = [texts[i] for i in result.calibration_index]
@@ -304,7 +336,10 @@ def _compress(args, model_dir, texts, out, focus):
         f"Deficiency curves of {len(eps_table.rows)} heads at every rank on "
         f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
         f"{result.seconds:.1f} s" + (f", trained step {result.train_seconds:.1f} s"
-                                     if args.train_steps else "") + ".",
+                                     if args.train_steps else "")
+        + ("; kept from an earlier run under " + str(out) + ": " + ", ".join(
+            f"the {what} of {n} of the {result.n_layers} layers" for what, n in kept.items())
+           if any(kept.values()) else "") + ".",
         "Per head: smallest rank with relative output error <= eps, and the planned rank:",
         heads_table.format(),
         "eps-ranks over heads (median, min, max):",
@@ -350,6 +385,21 @@ def _fidelity(model, compressed, texts, tokenizer, max_length):
         f"measure: sentence-embedding cosine to the original (a model without a causal "
         f"language-model head) on the evaluation half, mean {table.mean_cosine:.4f}, "
         f"min {table.min_cosine:.4f}")
+
+
+def _resumable(head_deficiency, folder, label, *args, **kwargs):
+    """``head_deficiency`` keeping its finished layers in ``folder``, with progress shown.
+
+    A bar per head on a terminal, a line per layer otherwise (a log file). Interrupted, it
+    says where the finished layers are: the same command resumes from them.
+    """
+    try:
+        return head_deficiency(*args, progress=Progress(label), on_layer=ProgressLines(label),
+                               checkpoint=folder, **kwargs)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nThe finished layers are kept in {folder}; the same command "
+                         "resumes from them.\n")
+        raise
 
 
 def _deficiency_pngs(result, out, focus):

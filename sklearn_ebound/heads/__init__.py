@@ -12,7 +12,8 @@ needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a comp
 :func:`compression_frontier`, :func:`embedding_fidelity` (an encoder), :func:`perplexity`
 and :func:`next_token_kl` (a causal language model, :func:`is_language_model`) measure it end
 to end. Running models needs the optional ``heads`` extra (``transformers``,
-``safetensors``); state dicts of numpy arrays need nothing more than numpy.
+``safetensors``, and ``gguf`` and ``accelerate`` for the GGUF files :func:`load_pretrained`
+reads); state dicts of numpy arrays need nothing more than numpy.
 :class:`~sklearn_ebound.display.HeadRankDisplay`,
 :class:`~sklearn_ebound.display.HeadSpectrumDisplay` and
 :class:`~sklearn_ebound.display.HeadDeficiencyDisplay` draw the results.

@@ -35,10 +35,16 @@ rotary models a rank-``r`` form keeps ``r // 2`` whole rotation planes (ordered 
 kernel's energy in the weights or in the data metric) by zeroing the other query columns:
 the rank then moves in steps of two and the keys (shared under grouped-query attention) are
 left untouched. The trained step is not run for rotary heads.
+
+The analysis runs one layer at a time, in named steps: split the texts, capture the layer's
+inputs, each head's forms and curves, its trained pairs, then assemble the result. A layer's
+output (a ``LayerDeficiency``) depends on no other layer, so a checkpoint folder can keep
+finished layers and a rerun resume from them (``_layer_store``).
 """
 
 import math
 import time
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -59,6 +65,7 @@ from ._head_forms import (
     rotate,
 )
 from ._inputs import capture_inputs, require, rope_tables
+from ._layer_store import LayerDeficiency, LayerStore, fingerprint
 
 __all__ = ["HeadDeficiencyResult", "head_deficiency"]
 
@@ -253,7 +260,8 @@ class HeadDeficiencyResult(ResultTable):
     ``n_tokens_evaluation``, ``seconds`` (curves), ``train_seconds`` (the trained step),
     ``train_steps``, ``output_share`` (``n_layers x n_heads``: the energy each head adds to
     the residual stream through the output projection, relative to the energy of the
-    layer's input, on the evaluation text; NaN without an output projection).
+    layer's input, on the evaluation text; NaN without an output projection),
+    ``resumed_layers`` (the layers read back from a ``checkpoint`` rather than computed).
     """
 
     def curves(self, method="data"):
@@ -380,12 +388,267 @@ def _factors(wq, wk, forms, rank, pair=None):
 
 
 
+# --- the analysis, one named step at a time ------------------------------------------------
+
+
+@dataclass
+class _Settings:
+    """The validated arguments every layer's step reads."""
+
+    methods: tuple
+    epsilons: tuple
+    heads: list
+    rotary: bool
+    causal: bool
+    theta: float
+    train_steps: int
+    train_at: dict | None
+    shrinkage: float
+    train_validation: float | None
+    train_penalty: float
+    train_weighting: str
+    max_length: int
+    batch_size: int
+
+    def fingerprinted(self, calibration, random_state):
+        """What the curves depend on beyond the model and the texts (JSON-serialisable)."""
+        if random_state is not None and not isinstance(random_state, Integral):
+            raise ValueError("`checkpoint` needs an integer `random_state` (or None), so that "
+                             f"a rerun splits the texts alike. Got {random_state!r}.")
+        train_at = (None if self.train_at is None else
+                    sorted([int(k[0]), int(k[1]), v] for k, v in self.train_at.items()))
+        return dict(calibration=calibration, random_state=random_state,
+                    methods=list(self.methods), epsilons=list(self.epsilons),
+                    heads=list(self.heads), train_steps=int(self.train_steps),
+                    train_at=train_at, shrinkage=float(self.shrinkage),
+                    train_validation=self.train_validation,
+                    train_penalty=float(self.train_penalty),
+                    train_weighting=self.train_weighting, max_length=int(self.max_length),
+                    batch_size=int(self.batch_size))
+
+
+def _check_options(methods, epsilons, train_steps, shrinkage, train_validation, train_penalty,
+                   train_weighting):
+    """``(methods, epsilons, train_validation)`` validated; the other options checked."""
+    methods = tuple(methods)
+    if not methods or any(m not in METHODS for m in methods):
+        raise ValueError(f"`methods` must be a non-empty subset of {list(METHODS)}. Got "
+                         f"{methods!r}.")
+    if "trained" in methods and "data" not in methods:
+        raise ValueError("`methods` with 'trained' needs 'data' (its starting point).")
+    if isinstance(train_steps, bool) or not isinstance(train_steps, Integral) or train_steps < 1:
+        raise ValueError(f"`train_steps` must be a positive integer. Got {train_steps!r}.")
+    if (isinstance(shrinkage, bool) or not isinstance(shrinkage, Real)
+            or not 0 <= shrinkage <= 1):
+        raise ValueError(f"`shrinkage` must be a number in [0, 1]. Got {shrinkage!r}.")
+    if train_validation is not None:
+        train_validation = check_fraction(train_validation, "train_validation")
+    if (isinstance(train_penalty, bool) or not isinstance(train_penalty, Real)
+            or not train_penalty >= 0):
+        raise ValueError(f"`train_penalty` must be a non-negative number. Got "
+                         f"{train_penalty!r}.")
+    if train_weighting not in ("tokens", "texts"):
+        raise ValueError(f"`train_weighting` must be 'tokens' or 'texts'. Got "
+                         f"{train_weighting!r}.")
+    epsilons = tuple(float(e) for e in np.atleast_1d(epsilons))
+    if not epsilons or any(not 0 < e < 1 for e in epsilons):
+        raise ValueError(f"`epsilons` must be numbers in (0, 1). Got {epsilons!r}.")
+    return methods, epsilons, train_validation
+
+
+def _select(all_layers, layers, heads):
+    """The layers and query heads analysed."""
+    chosen = all_layers if layers is None else [lay for lay in all_layers if lay.index in
+                                                set(layers)]
+    if not chosen:
+        raise ValueError(f"`layers` selects none of the model's layers "
+                         f"{[lay.index for lay in all_layers]}.")
+    head_list = list(range(chosen[0].n_heads)) if heads is None else sorted(set(heads))
+    if not head_list or min(head_list) < 0 or max(head_list) >= chosen[0].n_heads:
+        raise ValueError(f"`heads` must be query heads in [0, {chosen[0].n_heads}). Got "
+                         f"{heads!r}.")
+    return chosen, head_list
+
+
+def _train_targets(train_at, methods):
+    """``{(layer, head): sorted ranks}`` from a plan or a mapping; ``None`` without one."""
+    if train_at is None:
+        return None
+    if "trained" not in methods:
+        raise ValueError("`train_at` needs 'trained' in `methods`.")
+    pairs = ({(r["layer"], r["head"]): r["rank"] for r in train_at.rows}
+             if isinstance(train_at, ResultTable) else dict(train_at))
+    return {key: sorted({int(r) for r in np.atleast_1d(value)}) for key, value in pairs.items()}
+
+
+def _split_texts(texts, calibration, train_validation, random_state):
+    """``(split, calibration index, evaluation index)``: the texts of each part.
+
+    ``split`` maps ``"cal"`` and ``"eval"`` (and ``"val"``, the calibration texts kept out
+    of the training for early stopping, with ``train_validation``) to their texts.
+    """
+    rng = np.random.default_rng(random_state)
+    perm = rng.permutation(len(texts))
+    n_cal = min(max(1, int(round(calibration * len(texts)))), len(texts) - 1)
+    cal_index, eval_index = np.sort(perm[:n_cal]), np.sort(perm[n_cal:])
+    cal_texts = [texts[i] for i in cal_index]
+    split = {"cal": cal_texts, "eval": [texts[i] for i in eval_index]}
+    if train_validation:
+        if n_cal < 2:
+            raise ValueError("`train_validation` needs at least 2 calibration texts.")
+        inner = rng.permutation(n_cal)
+        n_val = min(max(1, int(round(train_validation * n_cal))), n_cal - 1)
+        split["cal"] = [cal_texts[i] for i in np.sort(inner[n_val:])]
+        split["val"] = [cal_texts[i] for i in np.sort(inner[:n_val])]
+    return split, cal_index.tolist(), eval_index.tolist()
+
+
+def _layer_batches(model, tokenizer, layer, split, settings):
+    """Each part's inputs of ``layer``, batched with the model's mask and rotations.
+
+    The forward pass stops after the layer, so memory holds one layer's activations.
+    """
+    torch = require("torch")
+    d_h = layer.head_dim
+    parts = {}
+    for name, part in split.items():
+        seqs, rots = capture_inputs(model, [layer], part, tokenizer, rotary=settings.rotary,
+                                    max_length=settings.max_length,
+                                    batch_size=settings.batch_size, stop_early=True)
+        seqs, rots = seqs[0], rots[0]
+        if settings.rotary:  # the default tables where the model passed none
+            rots = [r if r is not None else rope_tables(len(x), d_h, settings.theta)
+                    for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
+        parts[name] = HeadBatches(seqs, rots if settings.rotary else None, settings.causal,
+                                  torch.float64)
+    return parts
+
+
+def _head_curves(out, hi, h, head, parts, roots, settings, input_energy):
+    """The weight-space and data-aware forms of one head and their curves, into ``out``."""
+    wq, wk, wv, wo = head
+    for m in ("weight", "data"):
+        if m not in settings.methods and not (m == "data" and "trained" in settings.methods):
+            continue
+        forms = (HeadForms(wq, wk, settings.rotary) if m == "weight" else
+                 HeadForms(wq, wk, settings.rotary, *roots))
+        out.forms[(h, m)] = forms
+        if m in settings.methods:
+            out.errors[m][hi], _, stream, out.stream_err[m][hi] = _head_curve(
+                parts["eval"], wq, wk, wv, forms, wq.shape[1], range(wq.shape[1] + 1), wo)
+            out.share[hi] = stream / input_energy
+
+
+def _train_pairs(out, hi, h, layer_index, head, parts, roots, settings):
+    """Trained rank-``r`` pairs of one head, into ``out``.
+
+    At the ranks ``train_at`` names for the head; without it, for each ``eps`` downwards from
+    the data-aware eps-rank until a trained pair misses the tolerance.
+    """
+    wq, wk, wv, wo = head
+    d_h = wq.shape[1]
+    forms, errors = out.forms[(h, "data")], out.errors["trained"][hi]
+    fit = dict(val=parts.get("val"), penalty=settings.train_penalty, roots=roots,
+               weighting=settings.train_weighting)
+
+    def train(r):
+        (errors[r], out.stream_err["trained"][hi, r], tq,
+         tk) = train_head(parts["cal"], parts["eval"], wq, wk, wv, forms, r, d_h,
+                          settings.train_steps, wo, **fit)
+        out.trained[(h, r)] = (tq, tk)
+
+    if settings.train_at is not None:
+        for r in settings.train_at.get((layer_index, h), []):
+            if 1 <= r < d_h:
+                train(r)
+        return
+    for eps in settings.epsilons:
+        r = eps_rank(out.errors["data"][hi], eps) - 1
+        while r >= 1:
+            if np.isnan(errors[r]):
+                train(r)
+            if errors[r] > eps:
+                break
+            r -= 1
+
+
+def _analyse_layer(model, tokenizer, layer, split, settings, progress=None):
+    """The deficiency analysis of one layer: a :class:`LayerDeficiency`.
+
+    ``progress(i)`` is called after the ``i``-th head of the layer.
+    """
+    start = time.perf_counter()
+    d_h, n_heads = layer.head_dim, len(settings.heads)
+    wq, wk, wv = augmented_weights(layer)
+    # "cal" trains the pairs; the metric is read from all calibration text ("cal" and, with
+    # early stopping, "val")
+    parts = _layer_batches(model, tokenizer, layer, split, settings)
+    n_eval = parts["eval"].n_sequences
+    out = LayerDeficiency(
+        index=layer.index, errors={m: np.full((n_heads, d_h + 1), np.nan) for m in METHODS},
+        stream_err={m: np.full((n_heads, d_h + 1, n_eval), np.nan, np.float32)
+                    for m in METHODS},
+        share=np.full(n_heads, np.nan), text_energy=parts["eval"].energies(),
+        n_eval_tokens=int(sum(int(g["valid"].sum()) for g in parts["eval"].groups)))
+    roots = data_metric_roots([parts[name] for name in ("cal", "val") if name in parts],
+                              settings.shrinkage)
+    input_energy = float(out.text_energy.sum())
+    for hi, h in enumerate(settings.heads):
+        g = int(layer.kv_index[h])
+        head = (wq[h], wk[g], wv[g], None if layer.w_o is None else layer.w_o[h])
+        _head_curves(out, hi, h, head, parts, roots, settings, input_energy)
+        if "trained" in settings.methods and not settings.rotary:
+            t0 = time.perf_counter()
+            _train_pairs(out, hi, h, layer.index, head, parts, roots, settings)
+            out.train_seconds += time.perf_counter() - t0
+        if progress is not None:
+            progress(hi + 1)
+    out.seconds = time.perf_counter() - start - out.train_seconds
+    return out
+
+
+def _assemble(done, chosen, settings, naming, cal_index, eval_index, resumed):
+    """The :class:`HeadDeficiencyResult` of the analysed layers (in model order)."""
+    d_h = chosen[0].head_dim
+    rows = []
+    for lay in done:
+        for hi, h in enumerate(settings.heads):
+            for r in range(d_h + 1):
+                rows.append({"layer": lay.index, "head": h, "rank": r,
+                             **{f"err_{m}": lay.errors[m][hi, r] for m in METHODS}})
+    result = HeadDeficiencyResult(
+        rows, naming=naming, n_layers=len(chosen), n_heads=len(settings.heads),
+        heads=list(settings.heads), layer_indices=[lay.index for lay in chosen], head_dim=d_h,
+        d_model=chosen[0].w_q.shape[1], causal=settings.causal, rotary=settings.rotary,
+        epsilons=list(settings.epsilons), n_calibration=len(cal_index),
+        n_evaluation=len(eval_index), calibration_index=cal_index,
+        evaluation_index=eval_index, n_tokens_evaluation=done[-1].n_eval_tokens,
+        seconds=sum(lay.seconds for lay in done),
+        train_seconds=sum(lay.train_seconds for lay in done),
+        train_steps=settings.train_steps, n_trained=sum(len(lay.trained) for lay in done),
+        output_share=np.stack([lay.share for lay in done]),
+        shrinkage=float(settings.shrinkage), train_validation=settings.train_validation,
+        train_penalty=float(settings.train_penalty), train_weighting=settings.train_weighting,
+        resumed_layers=list(resumed))
+    # Kept for plans and compression (not exported): the factors of every form.
+    result._forms = {(li, h, m): f for li, lay in enumerate(done)
+                     for (h, m), f in lay.forms.items()}
+    result._trained = {(li, h, r): pair for li, lay in enumerate(done)
+                       for (h, r), pair in lay.trained.items()}
+    result._weights = [augmented_weights(layer)[:2] for layer in chosen]
+    result._kv_index = [layer.kv_index for layer in chosen]
+    result._full_heads = chosen[0].n_heads
+    result._stream_err = {m: np.stack([lay.stream_err[m] for lay in done]) for m in METHODS}
+    result._text_energy = np.stack([lay.text_energy for lay in done])
+    return result
+
 
 def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=METHODS,
                     epsilons=(0.01, 0.05, 0.1), train_steps=20, train_at=None,
                     shrinkage=0.0, train_validation=None, train_penalty=0.0,
                     train_weighting="tokens", max_length=64,
-                    batch_size=32, layers=None, heads=None, random_state=0, progress=None):
+                    batch_size=32, layers=None, heads=None, random_state=0, progress=None,
+                    on_layer=None, checkpoint=None):
     """Deficiency curves ``err_h(r)`` of every head on its own output, at every rank.
 
     The texts are split at random into a calibration part (the data-aware metric, the trained
@@ -452,10 +715,26 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     random_state : int, default=0
         Seed of the calibration split.
     progress : callable, default=None
-        Called as ``progress(done, total)`` after each head.
+        Called as ``progress(done, total)`` after each head (heads of layers read from
+        ``checkpoint`` count as done at once).
+    on_layer : callable, default=None
+        Called after each layer as ``on_layer(info)``, ``info`` a dict with ``layer`` (its
+        index), ``done`` and ``total`` (layers), ``seconds`` (this layer's) and ``resumed``
+        (read from ``checkpoint``). By then the layer is kept in ``checkpoint``: an
+        exception raised here (or a ``KeyboardInterrupt``) loses no finished layer.
+    checkpoint : str or path-like, default=None
+        A folder that keeps each finished layer (``layer_<index>.npz``, written atomically,
+        beside a ``manifest.json``). A rerun with the same model, texts and arguments reads
+        the layers kept there instead of computing them again, and gives the same result;
+        the fingerprint covers the model's weights, the texts and their token ids, every
+        argument but ``layers``, ``progress`` and ``on_layer``, and the package version.
+        Layers of another analysis found there are removed, with a warning, and it starts
+        over. ``None``: nothing is written.
+
     Returns
     -------
     result : HeadDeficiencyResult
+        Its ``resumed_layers`` lists the layers read from ``checkpoint``.
 
     Examples
     --------
@@ -476,165 +755,46 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     >>> curves.shape, bool(curves[0, 0, -1] < 1e-12)
     ((1, 2, 9), True)
     """
-    torch = require("torch")
     model, tokenizer = model_source(model, tokenizer)
     texts = check_texts(texts, "texts")
     calibration = check_fraction(calibration, "calibration")
-    methods = tuple(methods)
-    if not methods or any(m not in METHODS for m in methods):
-        raise ValueError(f"`methods` must be a non-empty subset of {list(METHODS)}. Got "
-                         f"{methods!r}.")
-    if "trained" in methods and "data" not in methods:
-        raise ValueError("`methods` with 'trained' needs 'data' (its starting point).")
-    if isinstance(train_steps, bool) or not isinstance(train_steps, Integral) or train_steps < 1:
-        raise ValueError(f"`train_steps` must be a positive integer. Got {train_steps!r}.")
-    if (isinstance(shrinkage, bool) or not isinstance(shrinkage, Real)
-            or not 0 <= shrinkage <= 1):
-        raise ValueError(f"`shrinkage` must be a number in [0, 1]. Got {shrinkage!r}.")
-    if train_validation is not None:
-        train_validation = check_fraction(train_validation, "train_validation")
-    if (isinstance(train_penalty, bool) or not isinstance(train_penalty, Real)
-            or not train_penalty >= 0):
-        raise ValueError(f"`train_penalty` must be a non-negative number. Got "
-                         f"{train_penalty!r}.")
-    if train_weighting not in ("tokens", "texts"):
-        raise ValueError(f"`train_weighting` must be 'tokens' or 'texts'. Got "
-                         f"{train_weighting!r}.")
-    epsilons = tuple(float(e) for e in np.atleast_1d(epsilons))
-    if not epsilons or any(not 0 < e < 1 for e in epsilons):
-        raise ValueError(f"`epsilons` must be numbers in (0, 1). Got {epsilons!r}.")
+    methods, epsilons, train_validation = _check_options(
+        methods, epsilons, train_steps, shrinkage, train_validation, train_penalty,
+        train_weighting)
+    if on_layer is not None and not callable(on_layer):
+        raise TypeError(f"`on_layer` must be callable or None. Got {type(on_layer).__name__}.")
     family, all_layers, theta = layers_of(model)
-    rotary, causal = family.rotary, family.is_causal(model.config)
-    chosen = all_layers if layers is None else [lay for lay in all_layers if lay.index in
-                                                set(layers)]
-    if not chosen:
-        raise ValueError(f"`layers` selects none of the model's layers "
-                         f"{[lay.index for lay in all_layers]}.")
-    head_list = list(range(chosen[0].n_heads)) if heads is None else sorted(set(heads))
-    if not head_list or min(head_list) < 0 or max(head_list) >= chosen[0].n_heads:
-        raise ValueError(f"`heads` must be query heads in [0, {chosen[0].n_heads}). Got "
-                         f"{heads!r}.")
-    if train_at is not None:
-        if "trained" not in methods:
-            raise ValueError("`train_at` needs 'trained' in `methods`.")
-        pairs = ({(r["layer"], r["head"]): r["rank"] for r in train_at.rows}
-                 if isinstance(train_at, ResultTable) else dict(train_at))
-        train_at = {key: sorted({int(r) for r in np.atleast_1d(value)})
-                    for key, value in pairs.items()}
-    rng = np.random.default_rng(random_state)
-    perm = rng.permutation(len(texts))
-    n_cal = min(max(1, int(round(calibration * len(texts)))), len(texts) - 1)
-    cal_texts = [texts[i] for i in np.sort(perm[:n_cal])]
-    eval_texts = [texts[i] for i in np.sort(perm[n_cal:])]
-    split = {"cal": cal_texts, "eval": eval_texts}
-    if train_validation and "trained" in methods:
-        # calibration texts kept out of the training, for early stopping (same eval split)
-        if n_cal < 2:
-            raise ValueError("`train_validation` needs at least 2 calibration texts.")
-        inner = rng.permutation(n_cal)
-        n_val = min(max(1, int(round(train_validation * n_cal))), n_cal - 1)
-        split["cal"] = [cal_texts[i] for i in np.sort(inner[n_val:])]
-        split["val"] = [cal_texts[i] for i in np.sort(inner[:n_val])]
+    chosen, head_list = _select(all_layers, layers, heads)
+    settings = _Settings(
+        methods=methods, epsilons=epsilons, heads=head_list, rotary=family.rotary,
+        causal=family.is_causal(model.config), theta=theta, train_steps=train_steps,
+        train_at=_train_targets(train_at, methods), shrinkage=shrinkage,
+        train_validation=train_validation, train_penalty=train_penalty,
+        train_weighting=train_weighting, max_length=max_length, batch_size=batch_size)
+    split, cal_index, eval_index = _split_texts(
+        texts, calibration, train_validation if "trained" in methods else None, random_state)
+    store = None if checkpoint is None else LayerStore(checkpoint, fingerprint(
+        model, tokenizer, texts, settings.fingerprinted(calibration, random_state)))
+    n_heads, total = len(head_list), len(chosen) * len(head_list)
+    done, resumed = [], []
+    for position, layer in enumerate(chosen):
+        start = time.perf_counter()
+        kept = None if store is None else store.load(layer.index)
+        if kept is None:
+            def heads_done(i, before=position * n_heads):
+                if progress is not None:
+                    progress(before + i, total)
 
-    d_h = chosen[0].head_dim
-    ranks = list(range(d_h + 1))
-    rows, forms_all, trained_all, weights, kv_index = [], {}, {}, [], []
-    share = np.full((len(chosen), len(head_list)), np.nan)
-    n_eval = len(eval_texts)
-    # Residual-stream errors of every evaluation text (float32: L x H x (d_h + 1) x texts).
-    stream_err = {m: np.full((len(chosen), len(head_list), d_h + 1, n_eval), np.nan,
-                             np.float32) for m in METHODS}
-    text_energy = np.full((len(chosen), n_eval), np.nan)
-    total, done = len(chosen) * len(head_list), 0
-    train_seconds = 0.0
-    n_eval_tokens = 0
-    start = time.perf_counter()
-    def batches_of(layer, part):
-        seqs, rots = capture_inputs(model, [layer], part, tokenizer, rotary=rotary,
-                                    max_length=max_length, batch_size=batch_size,
-                                    stop_early=True)
-        seqs, rots = seqs[0], rots[0]
-        if rotary:
-            rots = [r if r is not None else rope_tables(len(x), d_h, theta)
-                    for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
-        return HeadBatches(seqs, rots if rotary else None, causal, torch.float64)
-
-    for li, layer in enumerate(chosen):
-        wq, wk, wv = augmented_weights(layer)
-        weights.append((wq, wk))
-        kv_index.append(layer.kv_index)
-        # "cal" trains the pairs; the metric is read from all calibration text ("cal" and,
-        # with early stopping, "val").
-        parts = {name: batches_of(layer, part) for name, part in split.items()}
-        n_eval_tokens = int(sum(int(g["valid"].sum()) for g in parts["eval"].groups))
-        text_energy[li] = parts["eval"].energies()
-        input_energy = float(text_energy[li].sum())
-        root_q, root_k = data_metric_roots(
-            [parts[name] for name in ("cal", "val") if name in parts], shrinkage)
-        w_o = layer.w_o  # (n_heads, d_h, d) output projections, or None
-        for hi, h in enumerate(head_list):
-            g = int(layer.kv_index[h])
-            head_o = None if w_o is None else w_o[h]
-            curves = {}
-            for m in ("weight", "data"):
-                if m not in methods and not (m == "data" and "trained" in methods):
-                    continue
-                forms = (HeadForms(wq[h], wk[g], rotary) if m == "weight" else
-                         HeadForms(wq[h], wk[g], rotary, root_q, root_k))
-                forms_all[(li, h, m)] = forms
-                if m in methods:
-                    curves[m], _, stream, stream_err[m][li, hi] = _head_curve(
-                        parts["eval"], wq[h], wk[g], wv[g], forms, d_h, ranks, head_o)
-                    share[li, hi] = stream / input_energy
-            trained = np.full(d_h + 1, np.nan)
-            fit = dict(val=parts.get("val"), penalty=train_penalty, roots=(root_q, root_k),
-                       weighting=train_weighting)
-            if "trained" in methods and not rotary:
-                t0 = time.perf_counter()
-                forms = forms_all[(li, h, "data")]
-                for r in [] if train_at is None else train_at.get((layer.index, h), []):
-                    if 1 <= r < d_h:
-                        (trained[r], stream_err["trained"][li, hi, r], tq,
-                         tk) = train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                          forms, r, d_h, train_steps, head_o, **fit)
-                        trained_all[(li, h, r)] = (tq, tk)
-                for eps in [] if train_at is not None else epsilons:
-                    r = eps_rank(curves["data"], eps) - 1
-                    while r >= 1:
-                        if np.isnan(trained[r]):
-                            (trained[r], stream_err["trained"][li, hi, r], tq,
-                             tk) = train_head(parts["cal"], parts["eval"], wq[h], wk[g], wv[g],
-                                              forms, r, d_h, train_steps, head_o, **fit)
-                            trained_all[(li, h, r)] = (tq, tk)
-                        if trained[r] > eps:
-                            break
-                        r -= 1
-                train_seconds += time.perf_counter() - t0
-            for r in ranks:
-                rows.append({"layer": layer.index, "head": h, "rank": r,
-                             "err_weight": curves["weight"][r] if "weight" in curves else np.nan,
-                             "err_data": curves["data"][r] if "data" in curves else np.nan,
-                             "err_trained": trained[r]})
-            done += 1
+            kept = _analyse_layer(model, tokenizer, layer, split, settings, heads_done)
+            if store is not None:
+                store.save(kept)
+        else:
+            resumed.append(layer.index)
             if progress is not None:
-                progress(done, total)
-    result = HeadDeficiencyResult(
-        rows, naming=family.name, n_layers=len(chosen), n_heads=len(head_list), heads=head_list,
-        layer_indices=[lay.index for lay in chosen], head_dim=d_h,
-        d_model=chosen[0].w_q.shape[1], causal=causal, rotary=rotary, epsilons=list(epsilons),
-        n_calibration=len(cal_texts), n_evaluation=len(eval_texts),
-        calibration_index=np.sort(perm[:n_cal]).tolist(),
-        evaluation_index=np.sort(perm[n_cal:]).tolist(),
-        n_tokens_evaluation=n_eval_tokens,
-        seconds=time.perf_counter() - start - train_seconds, train_seconds=train_seconds,
-        train_steps=train_steps, n_trained=len(trained_all), output_share=share,
-        shrinkage=float(shrinkage), train_validation=train_validation,
-        train_penalty=float(train_penalty), train_weighting=train_weighting)
-    # Kept for plans and compression (not exported): the factors of every form.
-    result._forms, result._trained = forms_all, trained_all
-    result._weights, result._kv_index = weights, kv_index
-    result._full_heads = chosen[0].n_heads
-    result._stream_err, result._text_energy = stream_err, text_energy
-    return result
-
-
+                progress((position + 1) * n_heads, total)
+        done.append(kept)
+        if on_layer is not None:
+            on_layer({"layer": layer.index, "done": position + 1, "total": len(chosen),
+                      "seconds": time.perf_counter() - start,
+                      "resumed": layer.index in resumed})
+    return _assemble(done, chosen, settings, family.name, cal_index, eval_index, resumed)

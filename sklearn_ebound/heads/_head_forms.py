@@ -218,6 +218,16 @@ class HeadForms:
         else:
             self.A_Q, self.A_K = _svd_bases(wq, wk, root_q, root_k)
 
+    @classmethod
+    def restore(cls, A_Q, A_K, planes=None):
+        """The forms from their kept bases (``planes`` for a rotary head, else ``None``)."""
+        forms = cls.__new__(cls)
+        forms.rotary, forms.d_h = planes is not None, A_Q.shape[0]
+        forms.A_Q, forms.A_K = A_Q, A_K
+        if planes is not None:
+            forms.planes = planes
+        return forms
+
     def columns(self, r):
         """Columns of the bases kept at rank ``r``."""
         if not self.rotary:

@@ -9,6 +9,7 @@ is the model's own (any rotary variant, including scaled ones).
 """
 
 import importlib
+import importlib.util
 
 import numpy as np
 
@@ -26,12 +27,54 @@ def require(module):
             'with `pip install "sklearn-ebound[heads]"`.') from exc
 
 
+def _is_gguf(path):
+    return path.suffix.lower() == ".gguf"
+
+
+def _causal_lm_class(config, transformers):
+    """Whether ``config`` describes a causal language model (its LM head included).
+
+    A saved directory says so in ``config.architectures`` (a ``*ForCausalLM`` or
+    ``*LMHeadModel`` class); a GGUF file's config names no class, and its model is a causal
+    LM whenever transformers has a causal-LM class for its ``model_type``.
+    """
+    names = getattr(config, "architectures", None) or []
+    if names:
+        return any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _gguf_loading(options, transformers):
+    """Options that make transformers dequantise a GGUF file's weights to float32."""
+    if "gguf_file" not in options:
+        return {}
+    torch = require("torch")
+    if hasattr(transformers, "GgufConfig"):  # transformers 5 may keep quantised blocks
+        return {"dtype": torch.float32,
+                "quantization_config": transformers.GgufConfig(dequantize=True)}
+    return {"torch_dtype": torch.float32}  # earlier versions always dequantise
+
+
 def load_pretrained(model_dir):
-    """Load a Hugging Face model and its tokenizer (if any) from a local directory, offline.
+    """Load a Hugging Face model and its tokenizer (if any), offline.
+
+    Parameters
+    ----------
+    model_dir : str or path-like
+        A directory saved by ``save_pretrained`` (``config.json`` and weights), or a
+        ``.gguf`` file (the format of llama.cpp and other local runtimes), read through
+        transformers' GGUF support: its weights are dequantised to float32 and its tokenizer
+        is rebuilt from the file's metadata. GGUF needs the ``gguf`` and ``accelerate``
+        packages (both in the ``heads`` extra).
 
     Returns
     -------
     model : transformers.PreTrainedModel
+        The causal-LM class (``*ForCausalLM``, ``*LMHeadModel``: the language-model head
+        included) when the config's ``architectures`` names one, and always for a GGUF
+        file of a language model; the base model (``AutoModel``) otherwise.
     tokenizer : tokenizer or None
         ``None`` when the directory holds no tokenizer.
     """
@@ -39,12 +82,34 @@ def load_pretrained(model_dir):
     from pathlib import Path
 
     path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"`{model_dir}` is not a directory with a Hugging Face config.json.")
-    model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+    options = {"local_files_only": True}
+    if _is_gguf(path):
+        if not path.is_file():
+            raise ValueError(f"`{model_dir}` is not a GGUF file.")
+        for module in ("gguf", "accelerate"):
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(
+                    f"Reading the GGUF file `{model_dir}` needs `{module}`. Install it with "
+                    f'`pip install {module}` or `pip install "sklearn-ebound[heads]"`.')
+        # transformers reads a GGUF file by its name inside a directory
+        options["gguf_file"], path = path.name, path.parent
+    elif not (path / "config.json").is_file():
+        raise ValueError(f"`{model_dir}` is neither a directory with a Hugging Face "
+                         "config.json nor a .gguf file.")
+    config = transformers.AutoConfig.from_pretrained(str(path), **options)
+    auto = (transformers.AutoModelForCausalLM if _causal_lm_class(config, transformers)
+            else transformers.AutoModel)
+    model = auto.from_pretrained(str(path), **options, **_gguf_loading(options, transformers))
+    if "gguf_file" in options and getattr(model, "hf_quantizer", None) is not None:
+        # dequantised: a plain dense model from here on, which save_pretrained writes
+        model.hf_quantizer.remove_quantization_config(model)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path), **options)
     except (OSError, ValueError, TypeError):
+        tokenizer = None
+    if getattr(tokenizer, "vocab_size", None) == 0:
+        # transformers builds an empty tokenizer of the model's class from a directory
+        # without tokenizer files, rather than failing
         tokenizer = None
     return model, tokenizer
 
@@ -80,10 +145,11 @@ def rope_tables(n_tokens, head_dim, theta=10000.0):
 
 def token_batches(tokenizer, texts, max_length, batch_size):
     """Yield token batches; one text per batch when the tokenizer has no padding token."""
-    if getattr(tokenizer, "pad_token", None) is None:
+    padding = getattr(tokenizer, "pad_token", None) is not None
+    if not padding:  # (transformers refuses to pad without a padding token, even one text)
         batch_size = 1
     for start in range(0, len(texts), batch_size):
-        yield tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+        yield tokenizer(list(texts[start:start + batch_size]), padding=padding, truncation=True,
                         max_length=max_length, return_tensors="pt")
 
 
