@@ -10,7 +10,7 @@ import torch
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._attention_operators import KernelMoments, check_attention_pattern
 from sklearn_ebound.datasets import alibi_bias, make_attention_task
-from sklearn_ebound.exceptions import RankEstimationWarning
+from sklearn_ebound.exceptions import LackOfFitWarning, RankEstimationWarning
 from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor
 
 N_TOKENS = 12
@@ -138,9 +138,12 @@ def test_the_wrong_normalisation_is_a_different_model():
                                mask_normalization="none", random_state=0)
     right = IntrinsicRankEstimator("attention", attention="linear", value="identity",
                                    mask=weights, mask_normalization="none").fit(X, Y)
-    wrong = IntrinsicRankEstimator("attention", attention="linear", value="identity",
-                                   mask="causal").fit(X, Y)
+    # ... and the lack-of-fit check says so, naming the weights as given.
+    with pytest.warns(LackOfFitWarning, match="mask_normalization='none'"):
+        wrong = IntrinsicRankEstimator("attention", attention="linear", value="identity",
+                                       mask="causal").fit(X, Y)
     assert right.rank_ == 3 and wrong.rank_ > 3
+    assert not right.lack_of_fit_["failed"] and wrong.lack_of_fit_["better"] == "linear-1/n"
     assert right.noise_variance_ < 1.5 * 0.02**2 < wrong.noise_variance_
     # With the value map unknown the per-token reading takes the weights' row sums too.
     unknown = IntrinsicRankEstimator("attention", attention="linear", mask=weights,
