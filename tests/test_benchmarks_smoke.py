@@ -139,6 +139,23 @@ def test_rrpack_settings(load):
     assert np.linalg.matrix_rank(X) == 11  # the constant leverage rows add a direction
 
 
+def test_identified_rank_counts_what_the_data_determine(load):
+    bench = load("bench_recovery_accuracy")
+    _, sim4, sim5, clean = bench.classic(reps=1)
+    # The outlier shift of sim4 / sim5 leaves one direction of its own in the span of the
+    # leverage points' inputs; without outliers the identified rank is the planted one.
+    for cell, identified in [(sim4, 4), (sim5, 6), (clean, 5)]:
+        X, Y, signal, _, noise_free = bench.draw_task(cell, seed=3, expected=True)
+        assert bench.identified_rank(X, noise_free) == identified, cell["name"]
+        assert bench.identified_rank(X, signal) == cell["rank"]  # the clean X B alone
+        assert np.array_equal(bench.draw_task(cell, seed=3)[1], Y)  # the same draw
+    # Only the part in the inputs' span counts: four target columns on three input directions.
+    rng = np.random.default_rng(0)
+    X = np.c_[rng.standard_normal((50, 3)), np.zeros((50, 2))]
+    assert bench.identified_rank(X, rng.standard_normal((50, 4))) == 3
+    assert bench.identified_rank(X, np.ones((50, 4))) == 0  # constant targets: the intercept
+
+
 def test_null_calibration_quick(load, tmp_path):
     bench = load("bench_null_calibration")
     out = tmp_path / "null.json"
