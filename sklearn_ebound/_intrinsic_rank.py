@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._attention_operators import check_attention_pattern, check_lengths
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
-from ._lack_of_fit import lack_of_fit, lack_of_fit_message
+from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
 from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
@@ -402,7 +402,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             return self._read(cv_data=(*self._cv_data(X, y), groups))
         self._read()
-        if self._fit_mode == "kernel" and self.lack_of_fit:
+        if self._fit_mode in ("kernel", "per_token") and self.lack_of_fit:
             self._check_lack_of_fit(X, y, lengths)
         return self
 
@@ -623,6 +623,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """Test the fitted attention model's residuals (:mod:`._lack_of_fit`), on the data
         scaled as the kernel was fitted; warn where it fails."""
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)  # validated
+        lengths = check_lengths(lengths, X.shape[0], X.shape[1])
+        if self._fit_mode == "per_token":  # the operator of the statistics, at their scales
+            self.lack_of_fit_ = result = per_token_lack_of_fit(
+                X, Y, self.attention, self.mask, lengths, mask_normalization=self.mask_normalization,
+                logit_bias=self.logit_bias, fit_intercept=self.fit_intercept,
+                moments=self._statistics)
+            if result["failed"]:
+                warnings.warn(lack_of_fit_message(result), LackOfFitWarning, stacklevel=4)
+            return
         # Extreme data are tested scaled by the power of two they were fitted at (exact), so
         # that the cubic and quartic products stay finite; the others as they are, uncopied.
         scale = self._scales[0]  # one power of two for X and Y (a known value map)
@@ -635,8 +644,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if scale != 1.0:
             X, Y = X / scale, Y / scale
         self.lack_of_fit_ = result = lack_of_fit(
-            X, Y, kernel, self._statistics.V, self.attention, self.mask,
-            check_lengths(lengths, X.shape[0], X.shape[1]),
+            X, Y, kernel, self._statistics.V, self.attention, self.mask, lengths,
             mask_normalization=self.mask_normalization, logit_bias=self.logit_bias)
         if "held_out" in result and scale != 1.0:  # squared errors, in the units of the data
             with np.errstate(over="ignore"):

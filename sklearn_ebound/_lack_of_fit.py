@@ -41,17 +41,26 @@ from ._attention_operators import (
     KernelMoments,
     base_weights,
     check_attention_pattern,
+    per_token_data,
     softmax_weights,
     valid_tokens,
 )
+from ._least_squares import solve_static
+from ._moments import Moments
 
-__all__ = ["LACK_OF_FIT_LEVEL", "MODELS", "lack_of_fit", "lack_of_fit_message"]
+__all__ = ["LACK_OF_FIT_LEVEL", "MODELS", "lack_of_fit", "lack_of_fit_message",
+           "per_token_lack_of_fit"]
 
 # Chance that data of the fitted model fail the test (and warn): the level of the residual
 # diagnostics (``_diagnostics.DIAGNOSTIC_LEVEL``), so that clean data warn about as rarely.
 LACK_OF_FIT_LEVEL = 1e-5
 # Sequences per block of the passes over the data: the weights take block * n^2 floats.
 _BLOCK = 256
+# Most terms of the values' mean in the per-token test (output directions times input
+# directions), and at least this many sequences a term: Hotelling's test loses its power as
+# the terms approach the sequences.
+_MEAN_TERMS = 64
+_SEQUENCES_PER_TERM = 10
 # The attention models compared, and their description in a warning. "linear-1/n" takes the
 # key weights as given (``mask_normalization="none"``); for a 0/1 mask that is the weight
 # ``1 / n_tokens`` on every visible key (up to a scale the kernel absorbs).
@@ -258,7 +267,8 @@ def lack_of_fit(X, Y, kernel, V, attention, mask=None, lengths=None, level=LACK_
     F, p_value, k = _hotelling(U)
     result = {"statistic": F, "p_value": p_value, "df": (k, X.shape[0] - k),
               "terms": _score_terms(attention, varying), "level": level,
-              "failed": bool(p_value <= level), "model": asked, "better": None}
+              "failed": bool(p_value <= level), "model": asked, "better": None,
+              "reading": "kernel"}
     if result["failed"] and X.shape[0] >= 4:
         result.update(_held_out(X, Y, V, asked, pattern, lengths, varying, level, n_queries))
     return result
@@ -277,6 +287,12 @@ def _held_out(X, Y, V, asked, pattern, lengths, varying, level, n_queries):
             per_sequence[halves[test]] = _sequence_errors(
                 model, X[halves[test]], Y[halves[test]], kernel, V, pattern, part[test])
         errors[model] = per_sequence
+    return _compare(errors, asked, level, n_queries)
+
+
+def _compare(errors, asked, level, n_queries):
+    """The held-out part of the result from each model's per-sequence held-out errors: a
+    one-sided paired t-test of each alternative against the ``asked`` model."""
     p_values = {}
     for model in errors:
         if model == asked:
@@ -291,13 +307,248 @@ def _held_out(X, Y, V, asked, pattern, lengths, varying, level, n_queries):
             "better": min(better, key=lambda m: errors[m].sum()) if better else None}
 
 
+# --- the per-token reading (value map unknown) ---------------------------------------------
+
+
+def _token_parts(X, lengths, pattern):
+    """Per query token, in the order of the rows of :func:`per_token_data`: ``(others,
+    gains, self_share, inverse_count)``, and the number of query tokens of each sequence.
+
+    ``others`` is ``x̄_i^{(-i)}``, the mean of the other keys under the weights ``a_ij`` at a
+    zero kernel (:func:`base_weights`; zero for a query with no other key); ``gains`` is
+    ``c_i``, the row sum of the key weights before normalisation (``|K_i| / n`` for a 0/1
+    mask, 1 without a pattern); ``self_share`` is ``t_i = a_ii / sum_j a_ij`` and
+    ``inverse_count`` is ``s_i = sum_j a_ij^2 / (sum_j a_ij)^2``, one over the effective
+    number of keys (``1 / |K_i|`` for 0/1 weights).
+    """
+    n = X.shape[1]
+    others, gains, shares, inverse, counts = [], [], [], [], []
+    for Xb, _, allowed, weights, queries, raw in _blocks(X, X, lengths, pattern):
+        if allowed is None:  # every key, uniformly: x̄^(-i) = (n x̄ - x_i) / (n - 1)
+            total = Xb.sum(axis=1, keepdims=True)
+            others.append(((total - Xb) / max(n - 1, 1)).reshape(-1, X.shape[2]))
+            size = Xb.shape[0] * n
+            gains.append(np.ones(size))
+            shares.append(np.full(size, 1.0 / n))
+            inverse.append(np.full(size, 1.0 / n))
+            counts.append(np.full(Xb.shape[0], n))
+            continue
+        a = np.broadcast_to(weights, (Xb.shape[0], n, n))
+        total = a.sum(axis=-1)
+        own = np.diagonal(a, axis1=-2, axis2=-1)
+        rest = total - own
+        mixed = a @ Xb - own[..., None] * Xb
+        mean = np.divide(mixed, rest[..., None], out=np.zeros(mixed.shape),
+                         where=rest[..., None] > 0)
+        safe = np.where(total > 0, total, 1.0)
+        others.append(mean[queries])
+        gains.append(raw[queries])
+        shares.append((own / safe)[queries])
+        inverse.append(((a**2).sum(axis=-1) / safe**2)[queries])
+        counts.append(queries.sum(axis=1))
+    return (np.concatenate(others), np.concatenate(gains), np.concatenate(shares),
+            np.concatenate(inverse), np.concatenate(counts))
+
+
+def _gain_contrast(gains, self_share, inverse_count, energy):
+    """The gain ``c_i`` less its part along ``1``, ``t_i`` and ``s_i`` (least squares
+    weighted by ``energy``, the rows' squared norms), or ``None`` where nothing is left.
+
+    The per-token operator of the model asked for is exact only as the keys grow: its
+    coefficient at token ``i`` is that of many keys plus terms in the token's own share of
+    its moment (``t_i``, ``s_i``, e.g. ``1 / |K_i|`` under a causal mask). Those terms vary
+    with the visible keys as a gain would, and are no misfit; the contrast leaves them out.
+    """
+    basis = np.column_stack([np.ones_like(gains), self_share, inverse_count])
+    root = np.sqrt(energy)
+    coef = np.linalg.lstsq(basis * root[:, None], gains * root, rcond=1e-10)[0]
+    contrast = gains - basis @ coef
+    if np.linalg.norm(contrast * root) <= 1e-8 * np.linalg.norm(gains * root):
+        return None
+    return contrast
+
+
+def _leading_directions(rows, count):
+    """The ``count`` leading eigenvectors of ``rowsᵀ rows`` (columns; all of them, in the
+    identity's order, where ``count`` is the width)."""
+    if count >= rows.shape[1]:
+        return np.eye(rows.shape[1])
+    centred = rows - rows.mean(axis=0)
+    return np.linalg.eigh(centred.T @ centred)[1][:, ::-1][:, :count]
+
+
+def _sequence_sums(values, counts):
+    """Per-sequence sums of per-token ``values`` (rows in sequence order, ``counts`` a
+    sequence)."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.add.reduceat(values, starts, axis=0)
+
+
+def _per_token_scores(rows, targets, coef, intercept, parts, attention, varying):
+    """Per-sequence scores of the per-token residuals, one column per term, and the terms'
+    names."""
+    others, gains, shares, inverse, counts = parts
+    fitted = rows @ coef
+    residual = targets - fitted - intercept
+    columns, terms = [], []
+    contrast = _gain_contrast(gains, shares, inverse, np.einsum("ij,ij->i", rows, rows)) if (
+        varying) else None
+    if contrast is not None:
+        columns.append(_sequence_sums(
+            np.einsum("i,ij,ij->i", contrast, fitted, residual)[:, None], counts))
+        terms.append("gain with the visible keys")
+    if attention == "linear":
+        # The values' mean V x̄_i, V unknown: the residuals against the other keys' mean,
+        # along the targets' leading directions (chosen from the data, not the residuals'
+        # relation to the mean) times the mean's.
+        n_terms = min(_MEAN_TERMS, max(1, len(counts) // _SEQUENCES_PER_TERM))
+        n_out = min(targets.shape[1], max(1, n_terms // others.shape[1]))
+        projected = residual @ _leading_directions(targets, n_out)
+        means = others @ _leading_directions(others, max(1, n_terms // n_out))
+        ends = np.cumsum(counts)
+        step = max(1, (1 << 22) // (projected.shape[1] * means.shape[1] * int(counts.max())))
+        blocks = []
+        for start in range(0, len(counts), step):  # whole sequences at a time
+            stop = min(start + step, len(counts))
+            first, last = ends[start] - counts[start], ends[stop - 1]
+            outer = projected[first:last, :, None] * means[first:last, None, :]
+            blocks.append(_sequence_sums(outer.reshape(last - first, -1),
+                                         counts[start:stop]))
+        columns.append(np.concatenate(blocks))
+        terms.append("the other keys' mean")
+    if not columns:
+        return np.zeros((len(counts), 0)), terms
+    return np.concatenate(columns, axis=1), terms
+
+
+def per_token_lack_of_fit(X, Y, attention, mask=None, lengths=None, level=LACK_OF_FIT_LEVEL,
+                          *, mask_normalization=None, logit_bias=None, fit_intercept=True,
+                          moments=None):
+    """Test the per-token reading (value map unknown) for lack of fit; compare if it fails.
+
+    The per-token reading regresses each token's output on its features (the rows of
+    :func:`~._attention_operators.per_token_data`: the token, scaled by its gain for weights
+    taken as given, centred on its keys for softmax) with one operator ``B``. Its residuals
+    are tested against what the other models add (Hotelling's test of per-sequence scores,
+    as :func:`lack_of_fit`):
+
+    * for linear attention, the other keys' mean ``x̄_i^{(-i)}`` (softmax outputs carry the
+      values' mean ``V x̄_i``; with ``V`` unknown, any linear map of it): the scores
+      ``Pᵀ (sum_i r_i x̄_i^{(-i)ᵀ}) Q`` of the targets' leading directions ``P`` and the
+      mean's ``Q``, at most 64 terms and a tenth of the sequences. Under the model asked for
+      with independent tokens the residual at token ``i`` is uncorrelated with every other
+      token, so the scores have mean zero (the token itself, which the operator's finite-key
+      error involves, is left out);
+    * where the visible keys vary, the gain ``g_i ŷ_iᵀ r_i`` with ``g_i`` the row sum
+      ``c_i`` of the key weights before normalisation less its part along ``1`` and the
+      token's own share of its moment (``a_ii / c_i`` and ``sum_j a_ij^2 / c_i^2``, the
+      profile of the operator's finite-key error; :func:`_gain_contrast`).
+
+    Where the test rejects at ``level``, the per-token models are fitted on one half of the
+    sequences and scored on the other, both ways, on the same rows: linear attention
+    averaged (the token's features), with the weights as given (times ``c_i``), and softmax
+    (the token's features and the other keys' mean, the values' mean having its own map).
+
+    Parameters
+    ----------
+    X, Y : ndarray of shape (N, n, d) and (N, n, d_out)
+        The sequences.
+    attention : {"linear", "softmax"}
+        The model read.
+    mask, lengths, mask_normalization, logit_bias
+        The attention pattern and the padded lengths (checked, or ``None``), as for
+        :func:`lack_of_fit`.
+    level : float
+        The test's level; below it the held-out comparison runs.
+    fit_intercept : bool
+        Whether the reading's regression has an intercept.
+    moments : Moments or None
+        The reading's moments of the rows (its statistics), whose least squares is the
+        operator tested (of the data divided by their ``scale_x``, ``scale_y``); ``None``:
+        accumulated here.
+
+    Returns
+    -------
+    result : dict
+        As :func:`lack_of_fit`'s, with ``"reading": "per-token"``; the held-out errors are
+        per query token of the rows (the outputs weighted by ``sqrt(|K_i| / n)``).
+    """
+    pattern = check_attention_pattern(mask, X.shape[1], attention, mask_normalization,
+                                      logit_bias)
+    asked = "linear-1/n" if attention == "linear" and pattern.normalization == "none" else (
+        attention)
+    varying = (pattern.allowed is not None or pattern.weights is not None
+               or (lengths is not None and np.any(lengths < X.shape[1])))
+    rows, targets = per_token_data(X, Y, attention == "softmax", mask=pattern, lengths=lengths)
+    if moments is None:
+        moments = Moments.from_arrays(rows, targets, center=fit_intercept)
+    coef = solve_static(moments).coef
+    intercept = moments.mean_y - moments.mean_x @ coef
+    sx, sy = moments.scale_x, moments.scale_y
+    if all(2.0**-60 <= scale <= 2.0**60 for scale in (sx, sy)):
+        coef, intercept = coef * (sy / sx), intercept * sy  # the operator of the data
+    else:  # extreme data: tested at the powers of two they were read at (exact)
+        X, Y, rows, targets = X / sx, Y / sy, rows / sx, targets / sy
+    parts = _token_parts(X, lengths, pattern)
+    U, terms = _per_token_scores(rows, targets, coef, intercept, parts, attention, varying)
+    F, p_value, k = _hotelling(U) if U.shape[1] else (np.nan, 1.0, 0)
+    result = {"statistic": F, "p_value": p_value, "df": (k, X.shape[0] - k), "terms": terms,
+              "level": level, "failed": bool(p_value <= level), "model": asked,
+              "better": None, "reading": "per-token"}
+    if result["failed"] and X.shape[0] >= 4:
+        result.update(_per_token_held_out(X, Y, asked, pattern, lengths, varying, level, parts,
+                                          fit_intercept))
+        if sy != 1.0 and not 2.0**-60 <= sy <= 2.0**60:  # squared errors, in the data's units
+            with np.errstate(over="ignore"):
+                result["held_out"] = {m: e * sy * sy for m, e in result["held_out"].items()}
+    return result
+
+
+def _per_token_rows(model, X, Y, asked, lengths, parts):
+    """The features and targets of the per-token ``model`` on the keys and weights of the
+    pattern ``asked``, all on the same target rows (``y_i sqrt(|K_i| / n)``, those of linear
+    attention): the token's rows of linear attention averaged or with the weights as given,
+    and for softmax those of the average with the other keys' mean beside them."""
+    pattern = _checked("linear" if model == "softmax" else model, X.shape[1], asked)
+    rows, targets = per_token_data(X, Y, False, mask=pattern, lengths=lengths)
+    if model == "softmax":
+        others, inverse_count = parts[0], parts[3]
+        rows = np.hstack([rows, others * np.sqrt(1.0 / (X.shape[1] * inverse_count))[:, None]])
+    return rows, targets
+
+
+def _per_token_held_out(X, Y, asked, pattern, lengths, varying, level, parts, fit_intercept):
+    """Cross-fitted comparison of the per-token models on the two halves of the sequences
+    (even and odd indices)."""
+    counts = parts[4]
+    sequence = np.repeat(np.arange(X.shape[0]), counts)
+    halves = [sequence % 2 == 0, sequence % 2 == 1]
+    errors = {}
+    for model in [asked, *_alternatives(asked, varying, pattern.bias is not None)]:
+        rows, targets = _per_token_rows(model, X, Y, pattern, lengths, parts)
+        squared = np.empty(len(targets))
+        for train, test in ((0, 1), (1, 0)):
+            moments = Moments.from_arrays(rows[halves[train]], targets[halves[train]],
+                                          center=fit_intercept)
+            coef = solve_static(moments).coef
+            residual = (targets[halves[test]] - rows[halves[test]] @ coef
+                        - (moments.mean_y - moments.mean_x @ coef))
+            squared[halves[test]] = np.einsum("ij,ij->i", residual, residual)
+        errors[model] = _sequence_sums(squared, counts)
+    return _compare(errors, asked, level, len(sequence))
+
+
 def lack_of_fit_message(result):
     """The warning for a failed :func:`lack_of_fit` result, naming what fits better."""
-    fitted = MODELS[result["model"]]
+    fitted, read = MODELS[result["model"]], "its kernel"
+    layer = "one attention layer of this value map"
+    if result.get("reading") == "per-token":
+        fitted = f"per-token reading (value map unknown) of {fitted}"
+        read, layer = "its per-token operator", "one attention layer"
     text = (f"The fitted {fitted} does not explain these data: its residuals are still "
             f"explained by the inputs ({' and '.join(result['terms'])}; lack-of-fit F = "
             f"{result['statistic']:.3g}, p = {result['p_value']:.2g} <= {result['level']:g}), "
-            "so the rank read from its kernel need not be the task's. ")
+            f"so the rank read from {read} need not be the task's. ")
     held_out = result.get("held_out")
     if held_out is None:
         return text + "Read the data with the attention model that made them."
@@ -307,7 +558,7 @@ def lack_of_fit_message(result):
         others = ", ".join(f"{m}: {held_out[m]:.3g}" for m in held_out if m != result["model"])
         return text + (f"No other attention model fits them significantly better on held-out "
                        f"sequences (mean squared error per token {mine:.3g}; {others}): they "
-                       "may not be one attention layer of this value map.")
+                       f"may not be {layer}.")
     advice = _ADVICE[better]
     return text + (f"{MODELS[better][0].upper()}{MODELS[better][1:]} fits these data better: "
                    f"held-out mean squared error per token {held_out[better]:.3g} against "
