@@ -1,4 +1,4 @@
-"""Lack of fit of the attention model a kernel was read with: are the residuals still explained?
+"""Lack of fit of the attention model a rank was read with: are the residuals still explained?
 
 The attention-native reading with a known value map fits one attention model (linear attention
 averaged over the visible keys, or softmax attention) and reads the rank of its kernel. On data
@@ -31,7 +31,14 @@ absorbs what it can and its rank, read with confidence, is not the task's. Two s
    (a one-sided paired t-test against the asked model). What fits significantly better is
    named in the warning.
 
-Pure functions of the data and the fitted kernel: nothing here sets state.
+The per-token reading (value map unknown, :func:`per_token_lack_of_fit`) is checked the same
+way on its operator ``y_i ~ B x_i``: its residuals against the other keys' mean
+``x̄_i^{(-i)}`` (the values' mean with an unknown ``V``: any linear map of it) and the gain
+with the visible keys (less the profile of the operator's own finite-key error), then the
+per-token models compared on held-out sequences; as that operator is exact only as the keys
+grow, it warns only where another model fits them materially better.
+
+Pure functions of the data and the fitted kernel or operator: nothing here sets state.
 """
 
 import numpy as np
@@ -61,6 +68,12 @@ _BLOCK = 256
 # the terms approach the sequences.
 _MEAN_TERMS = 64
 _SEQUENCES_PER_TERM = 10
+# The per-token operator is exact only as the keys grow: its residuals keep a systematic part
+# whatever the model (the finite keys, a vocabulary's mean and skew), which the score test
+# finds given sequences enough. There a misfit is named, and warned, only where another
+# model also fits the held-out sequences materially better: by this fraction of the error
+# (the misfits of issue 27: 13% to 76%; data of the model asked for: below 0.5%).
+_MATERIAL = 0.02
 # The attention models compared, and their description in a warning. "linear-1/n" takes the
 # key weights as given (``mask_normalization="none"``); for a 0/1 mask that is the weight
 # ``1 / n_tokens`` on every visible key (up to a scale the kernel absorbs).
@@ -290,9 +303,11 @@ def _held_out(X, Y, V, asked, pattern, lengths, varying, level, n_queries):
     return _compare(errors, asked, level, n_queries)
 
 
-def _compare(errors, asked, level, n_queries):
+def _compare(errors, asked, level, n_queries, material=0.0):
     """The held-out part of the result from each model's per-sequence held-out errors: a
-    one-sided paired t-test of each alternative against the ``asked`` model."""
+    one-sided paired t-test of each alternative against the ``asked`` model; ``better``
+    among those it passes at ``level`` whose total error is also at most ``1 - material``
+    times the asked model's."""
     p_values = {}
     for model in errors:
         if model == asked:
@@ -301,7 +316,8 @@ def _compare(errors, asked, level, n_queries):
         spread = gain.std(ddof=1)
         t = gain.mean() / spread * np.sqrt(gain.size) if spread > 0 else 0.0
         p_values[model] = float(special.stdtr(gain.size - 1, -t))  # P(T > t)
-    better = [m for m in p_values if p_values[m] <= level]
+    better = [m for m in p_values if p_values[m] <= level
+              and errors[m].sum() <= (1.0 - material) * errors[asked].sum()]
     return {"held_out": {m: float(e.sum() / n_queries) for m, e in errors.items()},
             "held_out_p_values": p_values,
             "better": min(better, key=lambda m: errors[m].sum()) if better else None}
@@ -368,13 +384,12 @@ def _gain_contrast(gains, self_share, inverse_count, energy):
     return contrast
 
 
-def _leading_directions(rows, count):
-    """The ``count`` leading eigenvectors of ``rowsᵀ rows`` (columns; all of them, in the
-    identity's order, where ``count`` is the width)."""
-    if count >= rows.shape[1]:
-        return np.eye(rows.shape[1])
-    centred = rows - rows.mean(axis=0)
-    return np.linalg.eigh(centred.T @ centred)[1][:, ::-1][:, :count]
+def _leading_directions(gram, count):
+    """The ``count`` leading eigenvectors of the Gram matrix ``gram`` as columns (the
+    identity where ``count`` is its width)."""
+    if count >= gram.shape[0]:
+        return np.eye(gram.shape[0])
+    return np.linalg.eigh(gram)[1][:, ::-1][:, :count]
 
 
 def _sequence_sums(values, counts):
@@ -384,41 +399,74 @@ def _sequence_sums(values, counts):
     return np.add.reduceat(values, starts, axis=0)
 
 
-def _per_token_scores(rows, targets, coef, intercept, parts, attention, varying):
+# Float64 values of the per-token arrays of one block of sequences in the per-token check.
+_TOKEN_VALUES = 1 << 22
+
+
+def _per_token_blocks(X, Y, attention, pattern, lengths):
+    """``(rows, targets, parts)`` block by block of sequences: the reading's rows
+    (:func:`per_token_data`) and :func:`_token_parts` of the block, whole sequences each."""
+    n, width = X.shape[1], max(X.shape[2], Y.shape[2], _MEAN_TERMS)
+    step = max(1, _TOKEN_VALUES // (n * width))
+    for start in range(0, X.shape[0], step):
+        Xb, Yb = X[start:start + step], Y[start:start + step]
+        part = None if lengths is None else lengths[start:start + step]
+        rows, targets = per_token_data(Xb, Yb, attention == "softmax", mask=pattern,
+                                       lengths=part)
+        yield rows, targets, _token_parts(Xb, part, pattern)
+
+
+def _per_token_scores(blocks, coef, intercept, attention, varying, n_sequences):
     """Per-sequence scores of the per-token residuals, one column per term, and the terms'
-    names."""
-    others, gains, shares, inverse, counts = parts
-    fitted = rows @ coef
-    residual = targets - fitted - intercept
-    columns, terms = [], []
-    contrast = _gain_contrast(gains, shares, inverse, np.einsum("ij,ij->i", rows, rows)) if (
+    names; ``blocks`` a function returning the iterable of :func:`_per_token_blocks`."""
+    # First pass: what the terms are made of, the gain contrast over all tokens and the
+    # leading directions of the targets and of the other keys' mean (of their second
+    # moments: the directions need not be centred, and so add up over blocks exactly).
+    gains, shares, inverse, energy = [], [], [], []
+    target_gram = other_gram = 0.0
+    cache, cached = [], 0
+    for block in blocks():
+        rows, targets, (others, gain, share, inv, _) = block
+        gains.append(gain)
+        shares.append(share)
+        inverse.append(inv)
+        energy.append(np.einsum("ij,ij->i", rows, rows))
+        target_gram = target_gram + targets.T @ targets
+        other_gram = other_gram + others.T @ others
+        cached += rows.size + targets.size + others.size
+        cache.append(block if cached <= 4 * _TOKEN_VALUES else None)
+    contrast = _gain_contrast(*(np.concatenate(v) for v in (gains, shares, inverse, energy))) if (
         varying) else None
-    if contrast is not None:
-        columns.append(_sequence_sums(
-            np.einsum("i,ij,ij->i", contrast, fitted, residual)[:, None], counts))
-        terms.append("gain with the visible keys")
+    terms = ["gain with the visible keys"] if contrast is not None else []
+    P = Q = None
     if attention == "linear":
         # The values' mean V x̄_i, V unknown: the residuals against the other keys' mean,
         # along the targets' leading directions (chosen from the data, not the residuals'
         # relation to the mean) times the mean's.
-        n_terms = min(_MEAN_TERMS, max(1, len(counts) // _SEQUENCES_PER_TERM))
-        n_out = min(targets.shape[1], max(1, n_terms // others.shape[1]))
-        projected = residual @ _leading_directions(targets, n_out)
-        means = others @ _leading_directions(others, max(1, n_terms // n_out))
-        ends = np.cumsum(counts)
-        step = max(1, (1 << 22) // (projected.shape[1] * means.shape[1] * int(counts.max())))
-        blocks = []
-        for start in range(0, len(counts), step):  # whole sequences at a time
-            stop = min(start + step, len(counts))
-            first, last = ends[start] - counts[start], ends[stop - 1]
-            outer = projected[first:last, :, None] * means[first:last, None, :]
-            blocks.append(_sequence_sums(outer.reshape(last - first, -1),
-                                         counts[start:stop]))
-        columns.append(np.concatenate(blocks))
+        n_terms = min(_MEAN_TERMS, max(1, n_sequences // _SEQUENCES_PER_TERM))
+        n_out = min(target_gram.shape[0], max(1, n_terms // other_gram.shape[0]))
+        P = _leading_directions(target_gram, n_out)
+        Q = _leading_directions(other_gram, max(1, n_terms // n_out))
         terms.append("the other keys' mean")
-    if not columns:
-        return np.zeros((len(counts), 0)), terms
-    return np.concatenate(columns, axis=1), terms
+    if not terms:
+        return np.zeros((n_sequences, 0)), terms
+    # Second pass: the scores, block by block.
+    scores, offset = [], 0
+    for block in (cache if all(b is not None for b in cache) else blocks()):
+        rows, targets, (others, *_, counts) = block
+        fitted = rows @ coef
+        residual = targets - fitted - intercept
+        columns = []
+        if contrast is not None:
+            local = contrast[offset:offset + len(rows)]
+            columns.append(_sequence_sums(
+                np.einsum("i,ij,ij->i", local, fitted, residual)[:, None], counts))
+        if P is not None:
+            outer = (residual @ P)[:, :, None] * (others @ Q)[:, None, :]
+            columns.append(_sequence_sums(outer.reshape(len(rows), -1), counts))
+        scores.append(np.concatenate(columns, axis=1))
+        offset += len(rows)
+    return np.concatenate(scores), terms
 
 
 def per_token_lack_of_fit(X, Y, attention, mask=None, lengths=None, level=LACK_OF_FIT_LEVEL,
@@ -448,6 +496,11 @@ def per_token_lack_of_fit(X, Y, attention, mask=None, lengths=None, level=LACK_O
     sequences and scored on the other, both ways, on the same rows: linear attention
     averaged (the token's features), with the weights as given (times ``c_i``), and softmax
     (the token's features and the other keys' mean, the values' mean having its own map).
+    The per-token operator is exact only as the keys grow, so its residuals keep a
+    systematic part even under the model asked for (finite keys, a vocabulary's mean and
+    skew), which the test finds given sequences enough: the check fails only where an
+    alternative also fits the held-out sequences significantly (at ``level``) and
+    materially (at least 2% less error) better.
 
     Parameters
     ----------
@@ -470,8 +523,10 @@ def per_token_lack_of_fit(X, Y, attention, mask=None, lengths=None, level=LACK_O
     Returns
     -------
     result : dict
-        As :func:`lack_of_fit`'s, with ``"reading": "per-token"``; the held-out errors are
-        per query token of the rows (the outputs weighted by ``sqrt(|K_i| / n)``).
+        As :func:`lack_of_fit`'s, with ``"reading": "per-token"`` and ``"rejected"`` (the
+        score test's ``p_value <= level``); ``"failed"`` is ``True`` where it rejected and
+        ``"better"`` names an alternative. The held-out errors are per query token of the
+        rows (the outputs weighted by ``sqrt(|K_i| / n)``).
     """
     pattern = check_attention_pattern(mask, X.shape[1], attention, mask_normalization,
                                       logit_bias)
@@ -479,63 +534,83 @@ def per_token_lack_of_fit(X, Y, attention, mask=None, lengths=None, level=LACK_O
         attention)
     varying = (pattern.allowed is not None or pattern.weights is not None
                or (lengths is not None and np.any(lengths < X.shape[1])))
-    rows, targets = per_token_data(X, Y, attention == "softmax", mask=pattern, lengths=lengths)
     if moments is None:
-        moments = Moments.from_arrays(rows, targets, center=fit_intercept)
+        moments = Moments.empty(X.shape[2], Y.shape[2], center=fit_intercept)
+        for rows, targets, _ in _per_token_blocks(X, Y, attention, pattern, lengths):
+            moments.update(rows, targets)
     coef = solve_static(moments).coef
     intercept = moments.mean_y - moments.mean_x @ coef
     sx, sy = moments.scale_x, moments.scale_y
     if all(2.0**-60 <= scale <= 2.0**60 for scale in (sx, sy)):
         coef, intercept = coef * (sy / sx), intercept * sy  # the operator of the data
     else:  # extreme data: tested at the powers of two they were read at (exact)
-        X, Y, rows, targets = X / sx, Y / sy, rows / sx, targets / sy
-    parts = _token_parts(X, lengths, pattern)
-    U, terms = _per_token_scores(rows, targets, coef, intercept, parts, attention, varying)
+        X, Y = X / sx, Y / sy
+
+    def blocks():
+        return _per_token_blocks(X, Y, attention, pattern, lengths)
+
+    U, terms = _per_token_scores(blocks, coef, intercept, attention, varying, X.shape[0])
     F, p_value, k = _hotelling(U) if U.shape[1] else (np.nan, 1.0, 0)
+    rejected = bool(p_value <= level)
     result = {"statistic": F, "p_value": p_value, "df": (k, X.shape[0] - k), "terms": terms,
-              "level": level, "failed": bool(p_value <= level), "model": asked,
+              "level": level, "rejected": rejected, "failed": False, "model": asked,
               "better": None, "reading": "per-token"}
-    if result["failed"] and X.shape[0] >= 4:
-        result.update(_per_token_held_out(X, Y, asked, pattern, lengths, varying, level, parts,
+    if rejected and X.shape[0] >= 4:
+        result.update(_per_token_held_out(X, Y, asked, pattern, lengths, varying, level,
                                           fit_intercept))
+        result["failed"] = result["better"] is not None
         if sy != 1.0 and not 2.0**-60 <= sy <= 2.0**60:  # squared errors, in the data's units
             with np.errstate(over="ignore"):
                 result["held_out"] = {m: e * sy * sy for m, e in result["held_out"].items()}
     return result
 
 
-def _per_token_rows(model, X, Y, asked, lengths, parts):
-    """The features and targets of the per-token ``model`` on the keys and weights of the
-    pattern ``asked``, all on the same target rows (``y_i sqrt(|K_i| / n)``, those of linear
-    attention): the token's rows of linear attention averaged or with the weights as given,
-    and for softmax those of the average with the other keys' mean beside them."""
+def _per_token_rows(model, X, Y, asked, lengths):
+    """Blocks of the features and targets of the per-token ``model`` on the keys and weights
+    of the pattern ``asked``, and the block's query tokens per sequence, all on the same
+    target rows (``y_i sqrt(|K_i| / n)``, those of linear attention): the token's rows of
+    linear attention averaged or with the weights as given, and for softmax those of the
+    average with the other keys' mean beside them."""
     pattern = _checked("linear" if model == "softmax" else model, X.shape[1], asked)
-    rows, targets = per_token_data(X, Y, False, mask=pattern, lengths=lengths)
-    if model == "softmax":
-        others, inverse_count = parts[0], parts[3]
-        rows = np.hstack([rows, others * np.sqrt(1.0 / (X.shape[1] * inverse_count))[:, None]])
-    return rows, targets
+    for rows, targets, parts in _per_token_blocks(X, Y, "linear", pattern, lengths):
+        if model == "softmax":  # the values' mean has its own map: the other keys' mean
+            others, inverse_count = parts[0], parts[3]
+            root = np.sqrt(1.0 / (X.shape[1] * inverse_count))
+            rows = np.hstack([rows, others * root[:, None]])
+        yield rows, targets, parts[4]
 
 
-def _per_token_held_out(X, Y, asked, pattern, lengths, varying, level, parts, fit_intercept):
+def _per_token_held_out(X, Y, asked, pattern, lengths, varying, level, fit_intercept):
     """Cross-fitted comparison of the per-token models on the two halves of the sequences
     (even and odd indices)."""
-    counts = parts[4]
-    sequence = np.repeat(np.arange(X.shape[0]), counts)
-    halves = [sequence % 2 == 0, sequence % 2 == 1]
-    errors = {}
+    errors, n_queries = {}, None
     for model in [asked, *_alternatives(asked, varying, pattern.bias is not None)]:
-        rows, targets = _per_token_rows(model, X, Y, pattern, lengths, parts)
-        squared = np.empty(len(targets))
-        for train, test in ((0, 1), (1, 0)):
-            moments = Moments.from_arrays(rows[halves[train]], targets[halves[train]],
-                                          center=fit_intercept)
+        halves, start = [None, None], 0  # the moments of the even and the odd sequences
+        for rows, targets, counts in _per_token_rows(model, X, Y, pattern, lengths):
+            odd = np.repeat((np.arange(start, start + len(counts)) % 2).astype(bool), counts)
+            for half, chosen in enumerate((~odd, odd)):
+                if halves[half] is None:
+                    halves[half] = Moments.empty(rows.shape[1], targets.shape[1],
+                                                 center=fit_intercept)
+                halves[half].update(rows[chosen], targets[chosen])
+            start += len(counts)
+        operators = []
+        for moments in halves:
             coef = solve_static(moments).coef
-            residual = (targets[halves[test]] - rows[halves[test]] @ coef
-                        - (moments.mean_y - moments.mean_x @ coef))
-            squared[halves[test]] = np.einsum("ij,ij->i", residual, residual)
-        errors[model] = _sequence_sums(squared, counts)
-    return _compare(errors, asked, level, len(sequence))
+            operators.append((coef, moments.mean_y - moments.mean_x @ coef))
+        per_sequence, start, tokens = [], 0, 0
+        for rows, targets, counts in _per_token_rows(model, X, Y, pattern, lengths):
+            odd = np.repeat((np.arange(start, start + len(counts)) % 2).astype(bool), counts)
+            # even sequences are scored by the odd half's operator and the other way round
+            (even_coef, even_b), (odd_coef, odd_b) = operators
+            residual = targets - np.where(odd[:, None], rows @ even_coef + even_b,
+                                          rows @ odd_coef + odd_b)
+            per_sequence.append(_sequence_sums(np.einsum("ij,ij->i", residual, residual),
+                                               counts))
+            start += len(counts)
+            tokens += len(rows)
+        errors[model], n_queries = np.concatenate(per_sequence), tokens
+    return _compare(errors, asked, level, n_queries, material=_MATERIAL)
 
 
 def lack_of_fit_message(result):

@@ -337,3 +337,30 @@ def test_per_token_check_does_not_depend_on_the_scale():
         assert scaled.lack_of_fit_["better"] == plain.lack_of_fit_["better"] == "softmax"
         assert scaled.lack_of_fit_["held_out"]["softmax"] == pytest.approx(
             plain.lack_of_fit_["held_out"]["softmax"] * factor**2, rel=1e-6)
+
+
+def test_per_token_vocabulary_of_the_model_asked_for_is_not_warned():
+    # A finite, skewed vocabulary leaves a systematic part in the per-token residuals that
+    # the score test finds; no other model fits the held-out sequences materially better.
+    X, Y = make_attention_task("linear", 800, 24, 12, rank=3, noise=0.02, random_state=1,
+                               vocabulary_size=64, vocabulary_law="skewed")
+    estimator, caught = fit_per_token(X, Y, attention="linear")
+    result = estimator.lack_of_fit_
+    assert result["rejected"] and not result["failed"] and not caught
+    assert result["better"] is None
+    assert result["held_out"]["softmax"] > 0.98 * result["held_out"]["linear"]
+
+
+def test_per_token_check_block_by_block_equals_the_whole(monkeypatch):
+    from sklearn_ebound import _lack_of_fit
+
+    lengths = np.random.default_rng(1).integers(4, 13, size=150)
+    X, Y = make_attention_task("softmax", 150, 12, 5, rank=2, noise=0.05, mask="causal",
+                               lengths=lengths, random_state=2)
+    whole = _lack_of_fit.per_token_lack_of_fit(X, Y, "linear", "causal", lengths)
+    monkeypatch.setattr(_lack_of_fit, "_TOKEN_VALUES", 12 * 64 * 7)  # 7 sequences a block
+    blocked = _lack_of_fit.per_token_lack_of_fit(X, Y, "linear", "causal", lengths)
+    assert whole["failed"] and whole["better"] == blocked["better"] == "softmax"
+    assert blocked["statistic"] == pytest.approx(whole["statistic"], rel=1e-9)
+    for model, error in whole["held_out"].items():
+        assert blocked["held_out"][model] == pytest.approx(error, rel=1e-9)
