@@ -338,3 +338,4 @@ def test_lack_of_fit_quick(load):
     assert known["better"] == {"linear": 2} and per_token["ranks"] == [2, 2]
     assert len(report["overhead"]) == 8
     assert all(np.isfinite(row["ratio"]) and row["on_s"] > 0 for row in report["overhead"])
+    assert all(0 <= row["check_share"] < np.inf for row in report["overhead"])
