@@ -23,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._attention_operators import check_attention_pattern, check_lengths
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
-from ._lack_of_fit import lack_of_fit, lack_of_fit_message
+from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
 from ._rank_rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
@@ -195,16 +195,19 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         residual diagnostics fail); clean Gaussian data draw nothing. With ``None`` a switched
         reading's p-values (rarely its rank) vary from fit to fit; pass an int to repeat them.
     lack_of_fit : bool, default=True
-        With a known value map, test after :meth:`fit` whether the fitted attention model
-        explains the data: whether its residuals are still explained by the inputs (by the
-        values' mean over the visible keys, which softmax outputs carry and linear attention's
-        do not, and for linear attention with a mask or padding by a gain that grows with the
-        visible keys, as ``1 / n_tokens`` weighting has). Where that test rejects at level
-        1e-5, the other attention models are fitted on half of the sequences and compared on
-        the other half, and a :class:`~sklearn_ebound.exceptions.LackOfFitWarning` names the
-        misfit and what fits better; ``lack_of_fit_`` holds the numbers. Data of the model
-        asked for pass (and the test costs a few percent of the fit); ``False`` skips it.
-        :meth:`partial_fit` and dask arrays never run it.
+        For attention, test after :meth:`fit` whether the fitted attention model explains
+        the data: whether its residuals are still explained by the inputs (by the values'
+        mean over the visible keys, which softmax outputs carry and linear attention's do
+        not, and with a mask or padding by a gain that grows with the visible keys, as
+        ``1 / n_tokens`` weighting has). With a known value map the kernel's residuals are
+        tested; with an unknown one those of the per-token operator (against the mean of the
+        other keys, ``V`` being unknown). Where that test rejects at level 1e-5, the other
+        attention models are fitted on half of the sequences and compared on the other half,
+        and a :class:`~sklearn_ebound.exceptions.LackOfFitWarning` names the misfit and what
+        fits better (for the per-token reading, only where one fits materially better: its
+        operator is exact only as ``n_tokens`` grows); ``lack_of_fit_`` holds the numbers.
+        Data of the model asked for pass (and the test costs a few percent of the fit);
+        ``False`` skips it. :meth:`partial_fit` and dask arrays never run it.
 
     Attributes
     ----------
@@ -291,17 +294,21 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         limit are all found in 90% of draws at 1e-3 even with the noise level known), and
         with few residual degrees of freedom ``sigma`` is itself estimated, to a relative
         error of about ``1 / sqrt(2 dof q)``.
-    lack_of_fit_ : dict, only with a known value map after :meth:`fit` with ``lack_of_fit``
-        The lack-of-fit test of the fitted attention model: ``"statistic"`` (Hotelling's
+    lack_of_fit_ : dict, only for attention after :meth:`fit` with ``lack_of_fit``
+        The lack-of-fit test of the fitted attention model: ``"reading"`` (``"kernel"``
+        with a known value map, ``"per-token"`` without), ``"statistic"`` (Hotelling's
         ``F`` of the per-sequence scores of the residuals on the ``"terms"``), ``"df"``,
-        ``"p_value"``, ``"level"`` (1e-5), ``"failed"``, ``"model"`` (the one fitted:
+        ``"p_value"``, ``"level"`` (1e-5), ``"failed"`` (warned; for the per-token reading
+        also ``"rejected"``, the test alone, ``"failed"`` needing ``"better"`` besides),
+        ``"model"`` (the one fitted:
         ``"linear"`` or ``"softmax"``) and ``"better"`` (``None``, or the model that fits
         significantly better on held-out sequences: ``"linear"``, ``"softmax"`` or
         ``"linear-1/n"``, linear attention weighted ``1 / n_tokens`` instead of averaged over
         the visible keys); where the test failed, ``"held_out"`` (each model's held-out mean
         squared error per token, cross-fitted on the two halves of the sequences) and
         ``"held_out_p_values"`` (the one-sided paired tests of each alternative against the
-        model fitted). The user guide's "Data that are not the attention model asked for"
+        model fitted; per-token: the per-token models, errors of the rows weighted by
+        ``sqrt(|K_i| / n)``). The user guide's "Data that are not the attention model asked for"
         explains it.
     mean_ : ndarray of shape (n_features,)
     n_features_in_ : int
@@ -402,7 +409,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             return self._read(cv_data=(*self._cv_data(X, y), groups))
         self._read()
-        if self._fit_mode == "kernel" and self.lack_of_fit:
+        if self._fit_mode in ("kernel", "per_token") and self.lack_of_fit:
             self._check_lack_of_fit(X, y, lengths)
         return self
 
@@ -623,6 +630,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """Test the fitted attention model's residuals (:mod:`._lack_of_fit`), on the data
         scaled as the kernel was fitted; warn where it fails."""
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)  # validated
+        lengths = check_lengths(lengths, X.shape[0], X.shape[1])
+        if self._fit_mode == "per_token":  # the operator of the statistics, at their scales
+            self.lack_of_fit_ = result = per_token_lack_of_fit(
+                X, Y, self.attention, self.mask, lengths,
+                mask_normalization=self.mask_normalization, logit_bias=self.logit_bias,
+                fit_intercept=self.fit_intercept, moments=self._statistics)
+            if result["failed"]:
+                warnings.warn(lack_of_fit_message(result), LackOfFitWarning, stacklevel=4)
+            return
         # Extreme data are tested scaled by the power of two they were fitted at (exact), so
         # that the cubic and quartic products stay finite; the others as they are, uncopied.
         scale = self._scales[0]  # one power of two for X and Y (a known value map)
@@ -635,8 +651,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if scale != 1.0:
             X, Y = X / scale, Y / scale
         self.lack_of_fit_ = result = lack_of_fit(
-            X, Y, kernel, self._statistics.V, self.attention, self.mask,
-            check_lengths(lengths, X.shape[0], X.shape[1]),
+            X, Y, kernel, self._statistics.V, self.attention, self.mask, lengths,
             mask_normalization=self.mask_normalization, logit_bias=self.logit_bias)
         if "held_out" in result and scale != 1.0:  # squared errors, in the units of the data
             with np.errstate(over="ignore"):

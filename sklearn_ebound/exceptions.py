@@ -10,11 +10,12 @@ class RankEstimationWarning(UserWarning):
 class LackOfFitWarning(RankEstimationWarning):
     """The attention model a rank was read with does not fit the data; another one may.
 
-    Raised by :class:`~sklearn_ebound.IntrinsicRankEstimator` with a known value map when the
-    residuals of the fitted attention model are still explained by the inputs (a test at level
-    1e-5), so that the rank of its kernel need not be the task's. The message names the
-    misfit and, from a held-out comparison, the attention model that fits better; the fitted
-    ``lack_of_fit_`` holds the numbers. A subclass of :class:`RankEstimationWarning`: filters
+    Raised by :class:`~sklearn_ebound.IntrinsicRankEstimator` on attention data when the
+    residuals of the fitted attention model (its kernel with a known value map, its per-token
+    operator without) are still explained by the inputs (a test at level 1e-5), so that the
+    rank read need not be the task's. The message names the misfit and, from a held-out
+    comparison, the attention model that fits better; the fitted ``lack_of_fit_`` holds the
+    numbers. A subclass of :class:`RankEstimationWarning`: filters
     of that class catch it too.
     """
 

@@ -343,11 +343,16 @@ def test_attention_patterns_quick(load):
 def test_lack_of_fit_quick(load):
     bench = load("bench_lack_of_fit")
     report = bench.main(["--quick", "--draws", "2", "--repeats", "1"])
-    rows = {row["case"]: row for row in report["table"]}
-    assert len(rows) == 6 and all(row["ok"] for row in rows.values())
-    misfits = [row for row in rows.values() if row["kind"] == "misfit"]
-    assert [row["warned"] for row in misfits] == [2, 2]
-    assert misfits[0]["better"] == {"linear": 2} and misfits[1]["better"] == {"linear-1/n": 2}
-    assert all(row["warned"] == 0 for row in rows.values() if row["kind"] == "planted")
-    assert len(report["overhead"]) == 4
+    assert len(report["table"]) == 14 and all(row["ok"] for row in report["table"])
+    for value in ("identity", None):  # the kernel's reading and the per-token one
+        rows = [row for row in report["table"] if row["value"] == value]
+        misfits = [row for row in rows if row["kind"] == "misfit"]
+        assert [row["better"] for row in misfits[1:]] == [{"linear-1/n": 2}] * 2
+        assert all(row["warned"] == 0 for row in rows if row["kind"] == "planted")
+    # Linear data read as softmax: the kernel's reading warns; the per-token one is right.
+    known, per_token = (next(row for row in report["table"] if row["value"] == value)
+                        for value in ("identity", None))
+    assert known["better"] == {"linear": 2} and per_token["ranks"] == [2, 2]
+    assert len(report["overhead"]) == 8
     assert all(np.isfinite(row["ratio"]) and row["on_s"] > 0 for row in report["overhead"])
+    assert all(0 <= row["check_share"] < np.inf for row in report["overhead"])

@@ -13,7 +13,7 @@ import pytest
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._attention_operators import check_attention_pattern
-from sklearn_ebound._lack_of_fit import _scores
+from sklearn_ebound._lack_of_fit import _gain_contrast, _scores
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import LackOfFitWarning, RankEstimationWarning
 
@@ -160,10 +160,12 @@ def test_switched_off_and_partial_fit_run_no_check():
     assert hasattr(estimator, "lack_of_fit_")
     estimator.partial_fit(X, Y)
     assert not hasattr(estimator, "lack_of_fit_")
-    # An unknown value map reads the per-token operator: no attention model, no check.
+    # The per-token reading (value map unknown) is checked too, and switched off alike.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RankEstimationWarning)  # short sequences' caveat
-        assert not hasattr(IntrinsicRankEstimator().fit(X, Y), "lack_of_fit_")
+        assert IntrinsicRankEstimator().fit(X, Y).lack_of_fit_["reading"] == "per-token"
+        assert not hasattr(IntrinsicRankEstimator(lack_of_fit=False).fit(X, Y),
+                           "lack_of_fit_")
 
 
 def test_warning_is_a_rank_estimation_warning_and_the_input_is_untouched():
@@ -222,3 +224,143 @@ def test_softmax_data_with_a_bias_read_as_linear_name_softmax_with_the_bias():
                                                       np.arange(_N_TOKENS))))
     estimator, caught = fit(X, Y, attention="linear", mask=weights, mask_normalization="mean")
     assert len(caught) == 1 and estimator.lack_of_fit_["better"] == "softmax"
+
+
+# The per-token reading (value map unknown): the same check on the per-token operator.
+
+
+def fit_per_token(X, Y, lengths=None, **params):
+    estimator = IntrinsicRankEstimator(operator="attention", **params)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator.fit(X, Y, lengths=lengths)
+    return estimator, [w for w in caught if issubclass(w.category, LackOfFitWarning)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_per_token_one_over_n_read_as_averaged_warns_and_names_the_weighting(seed):
+    X, Y = linear_data(seed, n_samples=400, n_tokens=16, n_features=8, causal_one_over_n=True)
+    estimator, caught = fit_per_token(X, Y, attention="linear", mask="causal")
+    assert len(caught) == 1
+    result = estimator.lack_of_fit_
+    assert result["reading"] == "per-token" and result["model"] == "linear"
+    assert result["terms"] == ["gain with the visible keys", "the other keys' mean"]
+    assert result["p_value"] <= 1e-5 and result["better"] == "linear-1/n"
+    message = str(caught[0].message)
+    assert "per-token reading (value map unknown)" in message
+    assert "mask_normalization='none'" in message
+    # Read as the warning says, the check is silent.
+    weights = np.tril(np.ones((16, 16))) / 16
+    estimator, caught = fit_per_token(X, Y, attention="linear", mask=weights,
+                                      mask_normalization="none")
+    assert not caught and estimator.lack_of_fit_["model"] == "linear-1/n"
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_per_token_softmax_read_as_linear_warns_and_names_softmax(mask):
+    X, Y = make_attention_task("softmax", 400, 16, 6, rank=2, noise=0.02, mask=mask,
+                               random_state=0)
+    estimator, caught = fit_per_token(X, Y, attention="linear", mask=mask)
+    assert len(caught) == 1 and estimator.lack_of_fit_["better"] == "softmax"
+    assert "attention='softmax'" in str(caught[0].message)
+    held_out = estimator.lack_of_fit_["held_out"]
+    assert held_out["softmax"] < 0.5 * held_out["linear"]
+    estimator, caught = fit_per_token(X, Y, attention="softmax", mask=mask)
+    assert not caught and estimator.rank_ == 2
+
+
+_PER_TOKEN_PATTERNS = [
+    ("linear", {}), ("linear", dict(mask="causal")), ("softmax", {}),
+    ("softmax", dict(mask="causal")), ("linear", _ICL), ("linear", _DECAY),
+    ("softmax", dict(mask="causal", logit_bias=("alibi", 0.3))),
+]
+
+
+@pytest.mark.parametrize("attention, pattern", _PER_TOKEN_PATTERNS,
+                         ids=["linear", "linear-causal", "softmax", "softmax-causal",
+                              "1/n-causal", "decay-mean", "causal-alibi"])
+def test_per_token_planted_tasks_stay_silent(attention, pattern):
+    for seed in range(2):
+        X, Y = make_attention_task(attention, 400, _N_TOKENS, 8, rank=2, noise=0.05,
+                                   random_state=seed, **pattern)
+        estimator, caught = fit_per_token(X, Y, attention=attention, **pattern)
+        assert not caught, estimator.lack_of_fit_
+        assert estimator.lack_of_fit_["p_value"] > 1e-3
+
+
+def test_per_token_padded_planted_task_stays_silent():
+    lengths = np.random.default_rng(0).integers(6, 17, size=400)
+    X, Y = make_attention_task("linear", 400, 16, 6, rank=2, noise=0.05, lengths=lengths,
+                               random_state=3)
+    estimator, caught = fit_per_token(X, Y, lengths=lengths, attention="linear")
+    assert not caught and "gain with the visible keys" in estimator.lack_of_fit_["terms"]
+
+
+def test_per_token_null_p_values_are_not_small_too_often():
+    p_values = []
+    for seed in range(30):
+        X, Y = make_attention_task("linear", 200, 8, 4, rank=1, noise=0.3, mask="causal",
+                                   random_state=seed)
+        p_values.append(fit_per_token(X, Y, attention="linear", mask="causal")[0]
+                        .lack_of_fit_["p_value"])
+    p_values = np.array(p_values)
+    assert np.mean(p_values <= 0.1) <= 0.25 and np.mean(p_values > 0.5) >= 0.25
+
+
+def test_gain_contrast_leaves_out_the_finite_key_profile():
+    keys = np.tile(np.arange(1.0, 13.0), 5)  # causal: |K_i| = i + 1
+    energy = keys / 12
+    # A gain in the profile of the per-token operator's own finite-key error: none left.
+    assert _gain_contrast(0.3 + 2.0 / keys, 1 / keys, 1 / keys, energy) is None
+    contrast = _gain_contrast(keys / 12, 1 / keys, 1 / keys, energy)
+    assert contrast is not None and np.linalg.norm(contrast) > 0.1
+    for profile in (np.ones_like(keys), 1 / keys):  # weighted-orthogonal to the profile
+        assert abs(np.sum(energy * contrast * profile)) < 1e-10
+
+
+def test_per_token_softmax_without_a_pattern_has_nothing_to_test():
+    # Centred on each sequence, the softmax features hold no values' mean and no gain.
+    X, Y = linear_data(0, n_samples=200, n_tokens=12, n_features=6, rank=2)
+    estimator, caught = fit_per_token(X, Y, attention="softmax")
+    assert not caught and estimator.lack_of_fit_["terms"] == []
+    assert estimator.lack_of_fit_["p_value"] == 1.0 and estimator.rank_ == 2
+
+
+def test_per_token_check_does_not_depend_on_the_scale():
+    X, Y = make_attention_task("softmax", 200, 12, 6, rank=2, noise=0.05, mask="causal",
+                               random_state=1)
+    plain, _ = fit_per_token(X, Y, attention="linear", mask="causal")
+    for factor in (2.0**-70, 2.0**80):
+        scaled, _ = fit_per_token(X * factor, Y * factor, attention="linear", mask="causal")
+        assert scaled.lack_of_fit_["statistic"] == pytest.approx(
+            plain.lack_of_fit_["statistic"], rel=1e-6)
+        assert scaled.lack_of_fit_["better"] == plain.lack_of_fit_["better"] == "softmax"
+        assert scaled.lack_of_fit_["held_out"]["softmax"] == pytest.approx(
+            plain.lack_of_fit_["held_out"]["softmax"] * factor**2, rel=1e-6)
+
+
+def test_per_token_vocabulary_of_the_model_asked_for_is_not_warned():
+    # A finite, skewed vocabulary leaves a systematic part in the per-token residuals that
+    # the score test finds; no other model fits the held-out sequences materially better.
+    X, Y = make_attention_task("linear", 800, 24, 12, rank=3, noise=0.02, random_state=1,
+                               vocabulary_size=64, vocabulary_law="skewed")
+    estimator, caught = fit_per_token(X, Y, attention="linear")
+    result = estimator.lack_of_fit_
+    assert result["rejected"] and not result["failed"] and not caught
+    assert result["better"] is None
+    assert result["held_out"]["softmax"] > 0.98 * result["held_out"]["linear"]
+
+
+def test_per_token_check_block_by_block_equals_the_whole(monkeypatch):
+    from sklearn_ebound import _lack_of_fit
+
+    lengths = np.random.default_rng(1).integers(4, 13, size=150)
+    X, Y = make_attention_task("softmax", 150, 12, 5, rank=2, noise=0.05, mask="causal",
+                               lengths=lengths, random_state=2)
+    whole = _lack_of_fit.per_token_lack_of_fit(X, Y, "linear", "causal", lengths)
+    monkeypatch.setattr(_lack_of_fit, "_TOKEN_VALUES", 12 * 64 * 7)  # 7 sequences a block
+    blocked = _lack_of_fit.per_token_lack_of_fit(X, Y, "linear", "causal", lengths)
+    assert whole["failed"] and whole["better"] == blocked["better"] == "softmax"
+    assert blocked["statistic"] == pytest.approx(whole["statistic"], rel=1e-9)
+    for model, error in whole["held_out"].items():
+        assert blocked["held_out"][model] == pytest.approx(error, rel=1e-9)

@@ -151,14 +151,14 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
             with warnings.catch_warnings():
                 # The caveats (softmax linearised, finite windows) are the point measured here.
                 warnings.simplefilter("ignore", RankEstimationWarning)
+                # Only the ranks are measured: no lack-of-fit check (and its refits).
                 row["data_only_value_unknown"] = IntrinsicRankEstimator(
                     operator="attention", attention="softmax", value=None,
-                    mask=mask).fit(X, Y).rank_
+                    mask=mask, lack_of_fit=False).fit(X, Y).rank_
                 if reason:
                     row["data_only_value_known"] = np.nan
                 else:
                     bias = 0.0 if layer.b_v is None else layer.b_v[g]
-                    # Only the rank is measured: no lack-of-fit check (and its refits).
                     row["data_only_value_known"] = IntrinsicRankEstimator(
                         operator="attention", attention="softmax", value=layer.w_v[g].T,
                         mask=mask, lack_of_fit=False).fit(X, Y - bias).rank_
