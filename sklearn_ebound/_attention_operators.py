@@ -66,6 +66,44 @@ _CHUNK = 64
 _BLOCK_VALUES = 1 << 22
 
 
+class _Float32Pair:
+    """A float64 array ``a`` kept as two float32 arrays, ``hi = float32(a)`` and ``lo =
+    float32(a - hi)``: the memory of ``a``, which ``hi + lo`` gives back to ``2^-48`` relative
+    (``a - hi`` is exact, and its rounding to float32 errs by ``2^-24`` of it), while ``hi``
+    alone is the float32 copy the single-precision products read. Kept moments take this
+    form so that a solve needs no float32 copy of them: on a machine (a virtual one above all)
+    where first touching fresh memory is slow, making that copy took longer than the products
+    it served."""
+
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, hi, lo):
+        self.hi, self.lo = hi, lo
+
+    @classmethod
+    def split(cls, a, work):
+        """The pair of the float64 array ``a`` (``work``: a float64 scratch of its shape),
+        a slice of about 1 MB at a time so that ``a`` is read from the cache, not memory."""
+        hi, lo = np.empty(a.shape, np.float32), np.empty(a.shape, np.float32)
+        step = max(1, (1 << 17) // max(1, a[0].size))
+        for start in range(0, len(a), step):
+            part = slice(start, start + step)
+            hi[part] = a[part]
+            lo[part] = np.subtract(a[part], hi[part], out=work[part])
+        return cls(hi, lo)
+
+    def __len__(self):
+        return len(self.hi)
+
+    def float64(self, out):
+        """``hi + lo`` in float64, written into ``out`` (an array of the same shape)."""
+        return np.add(self.hi, self.lo, out=out, dtype=np.float64)
+
+    @classmethod
+    def concatenate(cls, pairs):
+        return cls(np.concatenate([q.hi for q in pairs]), np.concatenate([q.lo for q in pairs]))
+
+
 def token_mixing_data(X, Y):
     """2-D data of the naive static transfer: token vectors of every channel as samples.
 
@@ -594,9 +632,9 @@ class KernelMoments:
         kernel's page faults, as much as the products themselves)."""
         work = {} if work is None else work
         b, n, d = Xb.shape
-        kept = self._keeps_moments  # then S_s is kept: P is computed in its memory
+        kept = self._keeps_moments  # then S_s is kept, as a float32 pair
         P = np.matmul(Xb.transpose(0, 2, 1), Xb,  # sum_i x_i x_iᵀ
-                      out=None if kept else _work_array(work, "P", (b, d, d)))
+                      out=_work_array(work, "P", (b, d, d)))
         if factor != 1.0:
             P *= factor
         self.P_sum += P.sum(axis=0)
@@ -614,12 +652,12 @@ class KernelMoments:
             S = np.divide(P, n, out=_work_array(work, "S", (b, d, d)))
         stacked = S.reshape(-1, d)  # [S_1; ...; S_b], and its transpose [S_1 ... S_b]
         if kept:
-            self.moment_blocks.append(S)
+            self.moment_blocks.append(_Float32Pair.split(S, _work_array(work, "S", S.shape)))
         if self.C is None and self._identity and not self._keeps_squares:
             # sum_s S_s S_s = [S_1; ...; S_b]ᵀ [S_1; ...; S_b]: one GEMM, no T_s kept.
             self.T_sum += n * (stacked.T @ stacked)
         else:
-            T = None if self._keeps_squares else _work_array(work, "T", (b, d, d))
+            T = _work_array(work, "T", (b, d, d))
             if self._identity:
                 T = np.matmul(S, S, out=T)
             else:
@@ -627,7 +665,8 @@ class KernelMoments:
                               out=T)
             self.T_sum += n * T.sum(axis=0)
             if self._keeps_squares:
-                self.square_blocks.append(T)
+                self.square_blocks.append(_Float32Pair.split(T, _work_array(work, "S",
+                                                                            T.shape)))
             if self.C is not None:
                 _accumulate_outer(self.C, T[:, self.rows, self.cols], P[:, self.rows, self.cols])
         # sum_s b_s = sum_s S_s Vᵀ Y_sᵀ X_s = [S_1 ... S_b] [Vᵀ Y_1ᵀ X_1; ...]: one GEMM.
@@ -788,9 +827,10 @@ class KernelMoments:
         # about a product, its fresh memory's page faults included).
         step = max(1, min(_BLOCK_VALUES // (d * d), _CHUNK // 2))
         if len(self.moment_blocks) > 1 and min(len(S) for S in self.moment_blocks) < step:
-            self.moment_blocks = _regroup(self.moment_blocks, step, np.concatenate)
+            self.moment_blocks = _regroup(self.moment_blocks, step, _Float32Pair.concatenate)
             if self.square_blocks:  # the same sequences per block as the moments
-                self.square_blocks = _regroup(self.square_blocks, step, np.concatenate)
+                self.square_blocks = _regroup(self.square_blocks, step,
+                                              _Float32Pair.concatenate)
         size = max(1, _BLOCK_VALUES // (n * max(n, d, self.n_targets)))
         if len(self.blocks) > 1 and min(len(X) for X, _, _ in self.blocks) < size:
             self.blocks = _regroup(self.blocks, size, _concatenate_blocks)
@@ -836,14 +876,18 @@ class KernelMoments:
         work = getattr(self, "_work", None)
         work = {} if work is None else work  # work arrays reused from block to block
         squares = self.square_blocks
-        for S, T in zip(self.moment_blocks if squares else (), squares, strict=True):
+        for pair_S, pair_T in zip(self.moment_blocks if squares else (), squares, strict=True):
             # T_s D P_s = n T_s (D S_s) = n [T_1 ... T_b] [D S_1; ...; D S_b] (T_s symmetric):
             # one batched product and one GEMM.
-            U = np.matmul(D, S, out=_work_array(work, "U", S.shape))
+            shape = pair_S.hi.shape
+            S = pair_S.float64(_work_array(work, "S64", shape))
+            T = pair_T.float64(_work_array(work, "T64", shape))
+            U = np.matmul(D, S, out=_work_array(work, "U", shape))
             out += n * (T.reshape(-1, d).T @ U.reshape(-1, d))
-        for S in () if squares else self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
+        for pair_S in () if squares else self.moment_blocks:  # T_s D P_s = n S_s M S_s D S_s
             # The outer products as two GEMMs over the block ([S_1; ...; S_b] stacked, and its
             # transpose [S_1 ... S_b] since each S_s is symmetric), the middle one batched.
+            S = pair_S.float64(_work_array(work, "S64", pair_S.hi.shape))
             stacked = S.reshape(-1, d)
             U = np.matmul(stacked, D.T, out=_work_array(work, "U", S.shape).reshape(-1, d))
             R = np.matmul(S, U.reshape(S.shape).transpose(0, 2, 1),
@@ -861,11 +905,18 @@ class KernelMoments:
             out += R.reshape(-1, d).T @ X.reshape(-1, d)
         return out
 
+    def _single_blocks(self):
+        """The float32 ``(S, T or None)`` of every kept block (their pairs' ``hi``, no copy),
+        for :meth:`_single_apply`."""
+        squares = self.square_blocks or [None] * len(self.moment_blocks)
+        return [(S.hi, None if T is None else T.hi)
+                for S, T in zip(self.moment_blocks, squares, strict=True)]
+
     def _single_apply(self, D):
-        """``G vec(D)`` with float32 products over float32 copies of the kept ``S_s`` (and
-        ``T_s`` where kept; ``_singles``, made for one solve), summed in float64 over the
-        blocks: the products of :meth:`_normal_apply` at about 1e-7 relative error, in about
-        half its time."""
+        """``G vec(D)`` with float32 products over the float32 kept ``S_s`` (and ``T_s``
+        where kept; ``_singles``, set for one solve by :meth:`_single_blocks`), summed in
+        float64 over the blocks: the products of :meth:`_normal_apply` at about 1e-7
+        relative error, in about half its time."""
         out = np.zeros_like(D)
         d, single = D.shape[0], D.astype(np.float32)
         work = getattr(self, "_work", None)
@@ -1058,12 +1109,9 @@ class KernelMoments:
             tol_cg, enough = (1e-9, self._enough) if tol is None else (tol, None)
             precondition = self._preconditioner(self.T_sum)
             if self.moment_blocks and not self.blocks:
-                # float32 copies of the moments for this solve only (half their float64 size);
-                # not with kept sequences beside them (padded chunks among unpadded ones)
-                squares = self.square_blocks or [None] * len(self.moment_blocks)
-                self._singles = [(S.astype(np.float32), None if T is None else
-                                  T.astype(np.float32))
-                                 for S, T in zip(self.moment_blocks, squares, strict=True)]
+                # float32 products over the moments' float32 parts; not with kept sequences
+                # beside them (padded chunks among unpadded ones)
+                self._singles = self._single_blocks()
                 A, _, self._products, singles = _refined_conjugate_gradients(
                     self._normal_apply, self._single_apply, self.rhs, precondition, tol_cg,
                     1000, enough=enough)

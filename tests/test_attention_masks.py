@@ -98,9 +98,7 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
     np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
-    free._singles = [(S.astype(np.float32), None if T is None else T.astype(np.float32))
-                     for S, T in zip(free.moment_blocks, free.square_blocks or
-                                     [None] * len(free.moment_blocks), strict=True)]
+    free._singles = free._single_blocks()
     single = free._single_apply(D)
     assert single.dtype == np.float64
     np.testing.assert_allclose(single, expected, atol=1e-5 * np.abs(expected).max())
