@@ -241,3 +241,28 @@ def test_next_token_distillation_of_the_fisher_plan(word_tokenizer, kind):
             assert np.array_equal(wk, ck)
         if row["rank"] in (0, result.head_dim):
             assert np.array_equal(wq[h], cq[h])
+
+
+def test_learning_rate_backoff(word_tokenizer):
+    # a rate far too large: every epoch overshoots; with the back-off each failed epoch
+    # returns to the best state and halves the rate, until an epoch improves on the start
+    model = tiny_lm("llama")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(10.0)
+    tok = word_tokenizer(60)
+    texts = docstring_sentences(["json", "textwrap", "argparse"])[:24]
+    result = head_deficiency(model, texts, tokenizer=tok, methods=("data",))
+    plan = plan_ranks(result, budget=0.4, method="data")
+    compressed = compress_heads(model, result, plan, method="data")
+    common = dict(tokenizer=tok, objective="next_token", max_epochs=5, learning_rate=3.0,
+                  batch_size=8, patience=5)
+    plain = distill_compressed(model, compressed, plan, texts, **common).distillation_
+    backed = distill_compressed(model, compressed, plan, texts, lr_backoff=0.1,
+                                **common).distillation_
+    assert plain["learning_rate"] == [3.0] * 5 and plain["best_epoch"] == 0
+    rates = backed["learning_rate"]
+    assert rates[0] == 3.0 and rates[1] == pytest.approx(0.3) and rates[-1] < 1e-2
+    assert backed["best_epoch"] >= 1
+    assert min(backed["validation_loss"]) < backed["validation_loss"][0]
+    with pytest.raises(ValueError, match="lr_backoff"):
+        distill_compressed(model, compressed, plan, texts, lr_backoff=1.0, **common)

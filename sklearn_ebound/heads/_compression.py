@@ -334,8 +334,8 @@ def _distillation_loss(objective, student, teacher, mask):
 
 def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
                        objective="embedding", max_epochs=10, learning_rate=1e-4,
-                       validation=0.2, patience=2, token_noise=0.0, max_length=64,
-                       batch_size=32, random_state=0, progress=None):
+                       validation=0.2, patience=2, lr_backoff=None, token_noise=0.0,
+                       max_length=64, batch_size=32, random_state=0, progress=None):
     """Train a compressed model's planned query-key columns end to end against the original.
 
     The rank-``r`` pairs of :func:`compress_heads` (and of :func:`refine_compressed`) are
@@ -382,6 +382,12 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         Share of ``texts`` held out for early stopping, in ``(0, 1)``; at least one text.
     patience : int, default=2
         Epochs without a lower validation objective before training stops.
+    lr_backoff : float, default=None
+        If given (in ``(0, 1)``), an epoch without a lower validation objective sends the
+        columns back to the best state so far and multiplies the learning rate by this
+        factor before the next epoch (``patience`` still counts those epochs), so that one
+        learning rate serves models whose start is far from or close to the original's.
+        ``None``: training goes on from where the epoch left it, at the same rate.
     token_noise : float, default=0.0
         If positive, every training step also distils on a copy of the batch in which each
         token (padding and special tokens apart) is replaced, with this probability, by a
@@ -404,9 +410,10 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         A copy of ``compressed`` in which only the planned query and key columns differ. It
         carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
         (the objective on the clean training and validation texts, entry 0 before training,
-        entry ``e`` after epoch ``e``), ``best_epoch``, ``objective``. In a rotary head
-        the trained entries are the query columns its rank-``r`` form kept (whole rotation
-        planes, in place); its keys, shared by the heads of a group, stay as they are.
+        entry ``e`` after epoch ``e``), ``learning_rate`` (of each epoch), ``best_epoch``,
+        ``objective``. In a rotary head the trained entries are the query columns its
+        rank-``r`` form kept (whole rotation planes, in place); its keys, shared by the heads
+        of a group, stay as they are.
 
     See Also
     --------
@@ -441,6 +448,10 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     texts = check_texts(texts, "texts")
     n_val = _check_distillation(objective, max_epochs, learning_rate, validation, patience,
                                 token_noise, max_length, batch_size, progress, len(texts))
+    if lr_backoff is not None and (isinstance(lr_backoff, bool) or not isinstance(
+            lr_backoff, Real) or not 0 < lr_backoff < 1):
+        raise ValueError(f"`lr_backoff` must be a float in (0, 1) or None. Got "
+                         f"{lr_backoff!r}.")
     if objective == "next_token" and not (is_language_model(model)
                                            and is_language_model(compressed)):
         raise ValueError("objective='next_token' needs causal language models (with their "
@@ -461,7 +472,8 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     with _only_trainable(distilled, masks) as params:
         history, best_epoch = _distill_epochs(
             distilled, params, masks, train, val, teacher, noise,
-            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience), rng,
+            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience,
+                 backoff=lr_backoff), rng,
             progress)
     model.train(was_training)
     distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
@@ -597,8 +609,10 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
                     progress):
     """Epochs of :func:`_distill_step` with early stopping; the best state is left in place.
 
-    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training) and
-    the best epoch (0 when none improved on the start).
+    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training;
+    ``learning_rate``, the rate of each epoch) and the best epoch (0 when none improved on
+    the start). With ``schedule["backoff"]``, an epoch that does not improve sends the
+    columns back to the best state and the next epoch runs at the rate times the factor.
     """
     torch = require("torch")
 
@@ -606,11 +620,14 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
         return {name: params[name].detach().clone() for name in masks}
 
     frozen = snapshot()
-    optimizer = torch.optim.Adam([params[name] for name in masks], lr=schedule["lr"])
+    lr = schedule["lr"]
+    optimizer = torch.optim.Adam([params[name] for name in masks], lr=lr)
     history = {"train_loss": [_mean_objective(student, teacher, train)],
-               "validation_loss": [_mean_objective(student, teacher, val)]}
+               "validation_loss": [_mean_objective(student, teacher, val)],
+               "learning_rate": []}
     best, best_epoch, stale, best_state = history["validation_loss"][0], 0, 0, snapshot()
     for epoch in range(1, schedule["max_epochs"] + 1):
+        history["learning_rate"].append(lr)
         for i in rng.permutation(len(train)):
             _distill_step(student, params, masks, frozen, optimizer, teacher, noise, *train[i])
         history["train_loss"].append(_mean_objective(student, teacher, train))
@@ -624,6 +641,12 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
             stale += 1
             if stale >= schedule["patience"]:
                 break
+            if schedule.get("backoff") is not None:  # back to the best, at a smaller rate
+                with torch.no_grad():
+                    for name in masks:
+                        params[name].copy_(best_state[name])
+                lr *= schedule["backoff"]
+                optimizer = torch.optim.Adam([params[name] for name in masks], lr=lr)
     with torch.no_grad():
         for name in masks:
             params[name].copy_(best_state[name])
