@@ -139,8 +139,8 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         at that rank) and ``residual_error`` (its residual-stream error, NaN without output
         projections), and with ``sensitivity`` ``predicted_loss`` (the head's weight times
         its error: its predicted share of the loss increase, nats per token); metadata
-        ``predicted_loss`` (their sum, with ``sensitivity``), ``budget_used``, ``method``, ``allocation``, ``weighting``,
-        ``worst_texts``, ``budget``, ``eps``.
+        ``predicted_loss`` (their sum, with ``sensitivity``), ``budget_used``, ``method``,
+        ``allocation``, ``weighting``, ``worst_texts``, ``budget``, ``eps``.
     """
     if (budget is None) == (eps is None):
         raise ValueError("Give exactly one of `budget` and `eps`.")
