@@ -666,7 +666,8 @@ PLAN_CHECKS = (
 def _check_refusals_and_rotary_skip(function, model, result, tokenizer, checks, skipped):
     """``function(model, compressed, plan, texts, ...)`` refuses each of ``checks`` (and
     :data:`PLAN_CHECKS`, another architecture, a plan the model was not compressed with), and
-    returns a rotary model's compressed copy untouched with the warning ``skipped``."""
+    returns a rotary model's compressed copy untouched with the warning ``skipped`` (unless
+    ``skipped`` is None: rotary heads are then trained, tested on their own)."""
     plan = plan_ranks(result, budget=0.5, method="data")
     compressed = compress_heads(model, result, plan, method="data")
     other = ({"compressed": tiny("gpt2")}, ValueError, "`compressed` does not have the")
@@ -678,6 +679,8 @@ def _check_refusals_and_rotary_skip(function, model, result, tokenizer, checks, 
     # a plan the model was not compressed with: the head has columns beyond the rank
     with pytest.raises(ValueError, match="columns beyond its planned rank 1"):
         function(model, model, {(0, 0): 1}, TEXTS, tokenizer=tokenizer)
+    if skipped is None:
+        return
     llama = tiny("llama")
     rotary = head_deficiency(llama, TEXTS, tokenizer=tokenizer, methods=("data",))
     rotary_plan = plan_ranks(rotary, budget=0.5, method="data")
@@ -781,7 +784,7 @@ def test_distillation_on_noisy_copies_of_the_text(word_tokenizer):
             < _hidden_error(model, compressed, texts, tokenizer))
 
 
-def test_distillation_checks_its_input_and_skips_rotary_heads(word_tokenizer, bert_result):
+def test_distillation_checks_its_input(word_tokenizer, bert_result):
     model, result = bert_result
     _check_refusals_and_rotary_skip(distill_compressed, model, result, word_tokenizer(60), (
         ({"objective": "logits"}, ValueError, "`objective` must be one of"),
@@ -793,4 +796,5 @@ def test_distillation_checks_its_input_and_skips_rotary_heads(word_tokenizer, be
         ({"validation": 1.0}, ValueError, r"`validation` must be a float in \(0, 1\)"),
         ({"validation": 0.01}, ValueError, "`validation`=0.01 leaves 0 of the"),
         ({"token_noise": 1.0}, ValueError, r"`token_noise` must be a float in \[0, 1\)"),
-    ), "Rotary heads are not distilled")
+        ({"objective": "next_token"}, ValueError, "needs causal language models"),
+    ), None)

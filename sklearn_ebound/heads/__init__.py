@@ -5,9 +5,11 @@ model (BERT-, GPT-2- and LLaMA-style, grouped-query attention and rotary embeddi
 or of a plain state dict, and, given text, the logit field the head produces on it.
 :func:`head_deficiency` measures how much query-key rank each head needs on its own output
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
-:func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
-needs; :func:`plan_ranks` and :func:`compress_heads` turn the curves into a compressed model
-(:func:`refine_compressed` re-fits its pairs layer by layer on its own inputs,
+:func:`head_sensitivity` prices each head's output error in a causal language model's loss
+(its Fisher weight); :func:`head_predictors` and :func:`predictor_agreement` set the rank
+predictors against those needs; :func:`plan_ranks` and :func:`compress_heads` turn the
+curves into a compressed model (:func:`refine_compressed` re-fits its pairs layer by layer
+on its own inputs,
 :func:`distill_compressed` trains them end to end against the original's output),
 :func:`compression_frontier`, :func:`embedding_fidelity` (an encoder), :func:`perplexity`
 and :func:`next_token_kl` (a causal language model, :func:`is_language_model`) measure it end
@@ -34,6 +36,7 @@ from ._inputs import load_pretrained
 from ._planning import plan_ranks
 from ._predictors import head_predictors, predictor_agreement
 from ._ranks import HeadRankResult, head_ranks
+from ._sensitivity import HeadSensitivityResult, head_sensitivity
 from ._text import (
     CALIBRATION_MODULES,
     HELD_OUT_MODULES,
@@ -50,6 +53,8 @@ __all__ = [
     "head_deficiency",
     "head_predictors",
     "predictor_agreement",
+    "HeadSensitivityResult",
+    "head_sensitivity",
     "plan_ranks",
     "compress_heads",
     "refine_compressed",

@@ -265,15 +265,46 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
     return refined
 
 
-OBJECTIVES = ("embedding", "hidden", "layers")
+OBJECTIVES = ("embedding", "hidden", "layers", "next_token")
 
 
 def _trainable_masks(model, family, by_index, todo):
-    """``{parameter name: bool mask}`` of the planned columns of the query and key projections."""
+    """``{parameter name: bool mask}`` of the planned columns of the query and key projections.
+
+    Rotary heads keep whole rotation planes in place and their (shared) keys whole: their
+    trainable entries are the query columns the rank-``r`` form kept (the non-zero ones),
+    so that training moves no column out of its plane and no key of another head.
+    """
+    if family.rotary:
+        return _rotary_masks(model, family, by_index, todo)
     masks = {}
     for layer_index, heads in todo.items():
         for name, mask in family.column_masks(model, by_index[layer_index][0], heads).items():
             masks[name] = masks[name] | mask if name in masks else mask
+    return masks
+
+
+def _rotary_masks(model, family, by_index, todo):
+    """Masks of the kept (non-zero) query columns of each planned rotary head."""
+    torch = require("torch")
+    params = dict(model.named_parameters())
+    masks = {}
+    for layer_index, heads in todo.items():
+        c_layer = by_index[layer_index][1]
+        cq, _, _ = augmented_weights(c_layer)
+        for head, _rank in heads:
+            slot = family.slots(c_layer, head, int(c_layer.kv_index[head]))[0]
+            kept = slot.start + np.flatnonzero(np.any(cq[head] != 0, axis=0))
+            for suffix in (".weight", ".bias"):
+                if slot.module + suffix not in params:
+                    continue
+                p = params[slot.module + suffix]
+                mask = masks.setdefault(slot.module + suffix,
+                                        torch.zeros_like(p, dtype=torch.bool))
+                if slot.linear or suffix == ".bias":
+                    mask[kept] = True
+                else:
+                    mask[:, kept] = True
     return masks
 
 
@@ -284,6 +315,11 @@ def _distillation_loss(objective, student, teacher, mask):
     ``l``'s output (entry 0, the embeddings, is frozen and skipped).
     """
     torch = require("torch")
+    if objective == "next_token":  # mean over predicted positions of KL(p_t || q_t)
+        keep = (mask[:, :-1] & mask[:, 1:]).bool()
+        log_q = torch.log_softmax(student[-1][:, :-1][keep].float(), -1)
+        log_p = teacher[-1][:, :-1][keep]
+        return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
     m = mask[..., None].to(student[-1].dtype)
     if objective == "embedding":
         def pool(h):
@@ -298,8 +334,8 @@ def _distillation_loss(objective, student, teacher, mask):
 
 def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
                        objective="embedding", max_epochs=10, learning_rate=1e-4,
-                       validation=0.2, patience=2, token_noise=0.0, max_length=64,
-                       batch_size=32, random_state=0, progress=None):
+                       validation=0.2, patience=2, lr_backoff=None, token_noise=0.0,
+                       max_length=64, batch_size=32, random_state=0, progress=None):
     """Train a compressed model's planned query-key columns end to end against the original.
 
     The rank-``r`` pairs of :func:`compress_heads` (and of :func:`refine_compressed`) are
@@ -329,12 +365,15 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         distilled model is evaluated on.
     tokenizer : transformers tokenizer, default=None
         Needed unless ``model`` is a directory holding one.
-    objective : {"embedding", "hidden", "layers"}, default="embedding"
+    objective : {"embedding", "hidden", "layers", "next_token"}, default="embedding"
         The loss against the original, averaged over the texts of a batch:
         ``"embedding"``, one minus the cosine of the mean-pooled normalised last hidden
         states (the sentence embedding); ``"hidden"``, the relative squared error of the last
         hidden state over the batch's tokens; ``"layers"``, that relative error averaged over
-        every layer's output (layer-wise distillation).
+        every layer's output (layer-wise distillation); ``"next_token"`` (a causal language
+        model, :func:`is_language_model`), the mean over the predicted positions of the KL
+        divergence of the next-token distributions to the original's, the measure of
+        :func:`next_token_kl`.
     max_epochs : int, default=10
         Passes over the training texts at most.
     learning_rate : float, default=1e-4
@@ -343,6 +382,12 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         Share of ``texts`` held out for early stopping, in ``(0, 1)``; at least one text.
     patience : int, default=2
         Epochs without a lower validation objective before training stops.
+    lr_backoff : float, default=None
+        If given (in ``(0, 1)``), an epoch without a lower validation objective sends the
+        columns back to the best state so far and multiplies the learning rate by this
+        factor before the next epoch (``patience`` still counts those epochs), so that one
+        learning rate serves models whose start is far from or close to the original's.
+        ``None``: training goes on from where the epoch left it, at the same rate.
     token_noise : float, default=0.0
         If positive, every training step also distils on a copy of the batch in which each
         token (padding and special tokens apart) is replaced, with this probability, by a
@@ -365,8 +410,10 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         A copy of ``compressed`` in which only the planned query and key columns differ. It
         carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
         (the objective on the clean training and validation texts, entry 0 before training,
-        entry ``e`` after epoch ``e``), ``best_epoch``, ``objective``. Rotary models are returned
-        untrained, with a :class:`~sklearn_ebound.exceptions.RankEstimationWarning`.
+        entry ``e`` after epoch ``e``), ``learning_rate`` (of each epoch), ``best_epoch``,
+        ``objective``. In a rotary head the trained entries are the query columns its
+        rank-``r`` form kept (whole rotation planes, in place); its keys, shared by the heads
+        of a group, stay as they are.
 
     See Also
     --------
@@ -401,13 +448,16 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     texts = check_texts(texts, "texts")
     n_val = _check_distillation(objective, max_epochs, learning_rate, validation, patience,
                                 token_noise, max_length, batch_size, progress, len(texts))
+    if lr_backoff is not None and (isinstance(lr_backoff, bool) or not isinstance(
+            lr_backoff, Real) or not 0 < lr_backoff < 1):
+        raise ValueError(f"`lr_backoff` must be a float in (0, 1) or None. Got "
+                         f"{lr_backoff!r}.")
+    if objective == "next_token" and not (is_language_model(model)
+                                           and is_language_model(compressed)):
+        raise ValueError("objective='next_token' needs causal language models (with their "
+                         f"language-model heads). Got {type(model).__name__}.")
     family, by_index, todo = _planned_heads(model, compressed, plan)
     distilled = copy.deepcopy(compressed)
-    if family.rotary:
-        warnings.warn("Rotary heads are not distilled (their rank-r forms keep whole rotation "
-                      "planes and are not trained): the compressed model is returned as it "
-                      "is.", RankEstimationWarning, stacklevel=2)
-        return distilled
     rng = check_random_state(random_state)
     order = rng.permutation(len(texts))
     val_texts = [texts[i] for i in np.sort(order[:n_val])]
@@ -422,7 +472,8 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     with _only_trainable(distilled, masks) as params:
         history, best_epoch = _distill_epochs(
             distilled, params, masks, train, val, teacher, noise,
-            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience), rng,
+            dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience,
+                 backoff=lr_backoff), rng,
             progress)
     model.train(was_training)
     distilled.distillation_ = dict(history, best_epoch=best_epoch, objective=objective)
@@ -467,6 +518,8 @@ class _Teacher:
         """The hidden states the objective compares: the last one, or all for ``"layers"``."""
         torch = require("torch")
         with torch.no_grad():
+            if self.objective == "next_token":  # the log-probabilities of the next token
+                return (torch.log_softmax(self.model(**batch).logits.float(), -1),)
             hidden = self.model(**batch, output_hidden_states=True).hidden_states
         keep = hidden if self.objective == "layers" else hidden[-1:]
         return tuple(t.detach() for t in keep)
@@ -518,6 +571,9 @@ def _only_trainable(model, masks):
 
 def _objective(student, teacher, batch, target):
     """The distillation objective of ``student`` on one batch against the teacher's target."""
+    if teacher.objective == "next_token":
+        return _distillation_loss("next_token", (student(**batch).logits,), target,
+                                  batch["attention_mask"])
     hidden = student(**batch, output_hidden_states=True).hidden_states
     return _distillation_loss(teacher.objective, hidden, target, batch["attention_mask"])
 
@@ -553,8 +609,10 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
                     progress):
     """Epochs of :func:`_distill_step` with early stopping; the best state is left in place.
 
-    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training) and
-    the best epoch (0 when none improved on the start).
+    Returns the history (``train_loss``, ``validation_loss``, entry 0 before training;
+    ``learning_rate``, the rate of each epoch) and the best epoch (0 when none improved on
+    the start). With ``schedule["backoff"]``, an epoch that does not improve sends the
+    columns back to the best state and the next epoch runs at the rate times the factor.
     """
     torch = require("torch")
 
@@ -562,11 +620,14 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
         return {name: params[name].detach().clone() for name in masks}
 
     frozen = snapshot()
-    optimizer = torch.optim.Adam([params[name] for name in masks], lr=schedule["lr"])
+    lr = schedule["lr"]
+    optimizer = torch.optim.Adam([params[name] for name in masks], lr=lr)
     history = {"train_loss": [_mean_objective(student, teacher, train)],
-               "validation_loss": [_mean_objective(student, teacher, val)]}
+               "validation_loss": [_mean_objective(student, teacher, val)],
+               "learning_rate": []}
     best, best_epoch, stale, best_state = history["validation_loss"][0], 0, 0, snapshot()
     for epoch in range(1, schedule["max_epochs"] + 1):
+        history["learning_rate"].append(lr)
         for i in rng.permutation(len(train)):
             _distill_step(student, params, masks, frozen, optimizer, teacher, noise, *train[i])
         history["train_loss"].append(_mean_objective(student, teacher, train))
@@ -580,6 +641,12 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
             stale += 1
             if stale >= schedule["patience"]:
                 break
+            if schedule.get("backoff") is not None:  # back to the best, at a smaller rate
+                with torch.no_grad():
+                    for name in masks:
+                        params[name].copy_(best_state[name])
+                lr *= schedule["backoff"]
+                optimizer = torch.optim.Adam([params[name] for name in masks], lr=lr)
     with torch.no_grad():
         for name in masks:
             params[name].copy_(best_state[name])

@@ -168,6 +168,11 @@ class AttentionFamily:
         """Whether a token attends only to itself and the tokens before it."""
         return True
 
+    def output_module(self, layer):
+        """Dotted name of the layer's attention output projection, whose input holds the
+        heads' outputs side by side (head ``h`` in entries ``h d_h : (h + 1) d_h``)."""
+        raise NotImplementedError
+
     def lm_head(self, model):
         """The model's language-model head (a module), or ``None`` for a bare encoder/decoder."""
         getter = getattr(model, "get_output_embeddings", None)

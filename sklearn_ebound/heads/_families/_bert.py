@@ -38,6 +38,9 @@ class BertFamily(AttentionFamily):
                        base + "query", base.rstrip("."), heads("value", False), bias("value"),
                        output_heads(w_o, n_heads, linear=True))
 
+    def output_module(self, layer):  # attention.self -> attention.output.dense
+        return layer.attention_module.rsplit(".", 1)[0] + ".output.dense"
+
     def slots(self, layer, head, kv_head):
         d_h = layer.head_dim
         return (Slot(layer.attention_module + ".query", head * d_h, True),

@@ -37,6 +37,9 @@ class GPT2Family(AttentionFamily):
         return QKLayer(i, w_q, w_k, b_q, b_k, base + "c_attn", base.rstrip("."), w_v, b_v,
                        output_heads(w_o, n_heads, linear=False))
 
+    def output_module(self, layer):
+        return layer.attention_module + ".c_proj"
+
     def slots(self, layer, head, kv_head):
         d, d_h = layer.w_q.shape[1], layer.head_dim
         name = layer.attention_module + ".c_attn"

@@ -46,6 +46,9 @@ class LlamaFamily(AttentionFamily):
                        base + "q_proj", base.rstrip("."), heads("v_proj", n_kv_heads, False),
                        bias("v_proj", n_kv_heads), output_heads(w_o, n_heads, linear=True))
 
+    def output_module(self, layer):
+        return layer.attention_module + ".o_proj"
+
     def slots(self, layer, head, kv_head):
         d_h = layer.head_dim
         return (Slot(layer.attention_module + ".q_proj", head * d_h, True),

@@ -1,0 +1,237 @@
+"""What a causal language model loses per unit of each head's output error: a Fisher price.
+
+A head's own relative output error (:func:`head_deficiency`) says nothing of what the model
+downstream makes of it: errors in an early head pass through every later layer, a head whose
+output the model barely reads costs nothing. To second order, changing the output ``o_t`` of
+head ``h`` at token ``t`` by ``delta_t`` raises the next-token loss ``L`` (the cross-entropy of
+a text, summed over its tokens) by
+
+    Delta L ~ 1/2 sum_t delta_t^T F_t delta_t,     F_t = E[g_t g_t^T],  g_t = dL / d o_t,
+
+the Fisher information of the head's output (the Gauss-Newton curvature of the loss; with the
+labels drawn from the model itself, the curvature of the KL divergence of the next-token
+distributions to the original's). Taking each ``F_t`` isotropic within the head (its trace
+over ``d_h``) and the error spread over the tokens as the output's energy is,
+
+    Delta L_h(r) ~ w_h err_h(r),   w_h = 1/2 E_t ||g_t||^2 E_t ||o_t||^2 / d_h,
+
+per token, with ``err_h(r)`` the head's relative output error of :func:`head_deficiency`
+(``||O_h(r) - O_h||^2 / ||O_h||^2``). :func:`head_sensitivity` measures ``E ||g_t||^2`` and
+``E ||o_t||^2`` for every head with one forward and one backward pass per batch of text,
+through the input of each attention output projection (the heads' outputs side by side);
+``plan_ranks(..., allocation="fisher", sensitivity=...)`` spends the rank where the predicted
+loss falls fastest.
+"""
+
+from numbers import Integral
+
+import numpy as np
+
+from .._results import ResultTable
+from ._head_forms import check_texts, layers_of, model_source
+from ._inputs import require, token_batches
+
+__all__ = ["HeadSensitivityResult", "head_sensitivity", "FISHER_LABELS"]
+
+FISHER_LABELS = ("data", "model")
+
+
+class HeadSensitivityResult(ResultTable):
+    """Fisher weights of every head's output; see :func:`head_sensitivity`.
+
+    One row per (layer, head) with columns ``layer``, ``head``, ``fisher`` (``E_t ||dL /
+    d o_t||^2``, the mean over the texts' tokens of the squared gradient of the text's
+    next-token loss in the head's output), ``energy`` (``E_t ||o_t||^2``) and ``weight``
+    (``fisher * energy / (2 d_h)``: the predicted loss increase per token, in nats, per unit
+    of the head's relative output error). Metadata (also attributes): ``naming``,
+    ``head_dim``, ``labels``, ``n_texts``, ``n_tokens``, ``loss`` (the mean next-token
+    cross-entropy on the texts, in nats per token).
+    """
+
+    def weights(self, result):
+        """``(n_layers, n_heads)`` weights aligned with the layers and heads of ``result``
+        (a :class:`HeadDeficiencyResult`); an error if one of its heads was not measured."""
+        if getattr(result, "naming", self.naming) != self.naming:
+            raise ValueError(f"The sensitivity is of a {self.naming}-style model, the result "
+                             f"of a {result.naming}-style one.")
+        by_head = {(row["layer"], row["head"]): row["weight"] for row in self.rows}
+        out = np.empty((len(result.layer_indices), len(result.heads)))
+        for li, layer in enumerate(result.layer_indices):
+            for hi, head in enumerate(result.heads):
+                if (layer, head) not in by_head:
+                    raise ValueError(f"`sensitivity` holds no weight for head {layer}.{head} "
+                                     "of the result: measure it on the same model.")
+                out[li, hi] = by_head[(layer, head)]
+        return out
+
+    def predicted_loss(self, result, plan, method="data"):
+        """The predicted increase of the mean next-token loss (nats per token) of ``plan``.
+
+        The sum over the plan's heads of ``weight x err(rank)`` on ``result``'s curves of
+        ``method`` (``plan``: a :func:`plan_ranks` table or ``{(layer, head): rank}``);
+        heads the plan leaves out keep their full rank.
+        """
+        from ._planning import plan_curves
+
+        curves = plan_curves(result, method)
+        weights = self.weights(result)
+        ranks = ({(r["layer"], r["head"]): r["rank"] for r in plan.rows}
+                 if isinstance(plan, ResultTable) else dict(plan))
+        layers = {v: i for i, v in enumerate(result.layer_indices)}
+        heads = {v: i for i, v in enumerate(result.heads)}
+        total = 0.0
+        for (layer, head), rank in ranks.items():
+            li, hi = layers[layer], heads[head]
+            total += weights[li, hi] * float(np.nan_to_num(curves[li, hi, int(rank)]))
+        return total
+
+
+def _check_positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Got {value!r}.")
+
+
+def _next_token_loss(logits, batch, labels, generator):
+    """Summed next-token cross-entropy of a batch (position ``t`` predicts token ``t + 1``).
+
+    ``labels="data"``: the text's own next tokens; ``"model"``: tokens drawn from the model's
+    own next-token distribution (the gradient's second moment is then the Fisher of the
+    model's predictions). Returns the loss and the number of predicted positions.
+    """
+    torch = require("torch")
+    mask = batch["attention_mask"].bool()
+    keep = mask[:, :-1] & mask[:, 1:]
+    pred = logits[:, :-1][keep]
+    if labels == "data":
+        target = batch["input_ids"][:, 1:][keep]
+    else:
+        with torch.no_grad():
+            probs = torch.softmax(pred.detach().double(), -1)
+            target = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return torch.nn.functional.cross_entropy(pred, target, reduction="sum"), int(keep.sum())
+
+
+def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=64,
+                     batch_size=8, random_state=0):
+    """Fisher weight of every head's output in a causal language model's next-token loss.
+
+    For each text the model runs forward and back on its next-token cross-entropy (summed
+    over the text's tokens); the gradient in each head's output ``o_t`` (the input of the
+    attention output projection, split by head) gives ``E_t ||dL / d o_t||^2``, the trace of
+    the head's Fisher information per token, and the output itself ``E_t ||o_t||^2``. Their
+    product over ``2 d_h`` prices one unit of the head's relative output error in nats per
+    token (see the module docstring); :func:`plan_ranks` with ``allocation="fisher"`` plans
+    on it. The model's weights are not changed and no gradient is left on them.
+
+    Parameters
+    ----------
+    model : transformers causal language model or path
+        A model with a language-model head (:func:`is_language_model`), or the directory of
+        a saved one. An encoder has no next-token loss: plan it with the default
+        ``allocation="greedy"``.
+    texts : list of str
+        Calibration text (not the text the compressed model is evaluated on).
+    tokenizer : transformers tokenizer, default=None
+        Needed unless ``model`` is a directory holding one.
+    labels : {"data", "model"}, default="data"
+        The next tokens of the loss: the text's own (the empirical Fisher), or drawn from
+        the model's own next-token distributions at each position (the Fisher of its
+        predictions, whose quadratic form is the second-order KL divergence to the original).
+    max_length : int, default=64
+        Tokens per text at most.
+    batch_size : int, default=8
+        Texts per forward and backward pass.
+    random_state : int, default=0
+        Seed of the drawn labels (``labels="model"``).
+
+    Returns
+    -------
+    sensitivity : HeadSensitivityResult
+
+    Examples
+    --------
+    >>> import transformers, torch
+    >>> from sklearn_ebound.heads import head_sensitivity
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <...>
+    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=2, n_head=2)
+    >>> model = transformers.GPT2LMHeadModel(config)
+    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
+    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
+    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> sens = head_sensitivity(model, ["one two three four", "five six seven eight"],
+    ...                         tokenizer=tokenize)
+    >>> len(sens.rows), bool((sens.column("weight") > 0).all())
+    (4, True)
+    """
+    from ._compression import is_language_model
+
+    torch = require("torch")
+    model, tokenizer = model_source(model, tokenizer)
+    texts = check_texts(texts, "texts")
+    if labels not in FISHER_LABELS:
+        raise ValueError(f"`labels` must be one of {list(FISHER_LABELS)}. Got {labels!r}.")
+    _check_positive(max_length, "max_length")
+    _check_positive(batch_size, "batch_size")
+    if not is_language_model(model):
+        raise ValueError("head_sensitivity needs a causal language model (a model with a "
+                         f"language-model head); got {type(model).__name__}. Plan an encoder "
+                         "or a bare decoder with allocation='greedy'.")
+    family, layers, _ = layers_of(model)
+    n_heads, d_h = layers[0].n_heads, layers[0].head_dim
+    fisher = np.zeros((len(layers), n_heads))
+    energy = np.zeros((len(layers), n_heads))
+    zeros, outputs = {}, {}
+
+    def hook_for(li):
+        def hook(module, args):
+            # o + z with z = 0: dL/dz is dL/do, whatever requires grad upstream
+            z = torch.zeros_like(args[0], requires_grad=True)
+            zeros[li], outputs[li] = z, args[0].detach()
+            return (args[0] + z, *args[1:])
+        return hook
+
+    generator = torch.Generator().manual_seed(int(random_state))
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    mode = model.training
+    handles = [model.get_submodule(family.output_module(layer)).register_forward_pre_hook(
+        hook_for(li)) for li, layer in enumerate(layers)]
+    total_loss, n_pred, n_tokens = 0.0, 0, 0
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        model.eval()
+        with torch.enable_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                zeros.clear()
+                outputs.clear()
+                loss, n = _next_token_loss(model(**batch).logits, batch, labels, generator)
+                if n == 0:
+                    continue
+                loss.backward()
+                valid = batch["attention_mask"].bool()
+                for li in range(len(layers)):
+                    g = zeros[li].grad.double().reshape(*valid.shape, n_heads, d_h)[valid]
+                    o = outputs[li].double().reshape(*valid.shape, n_heads, d_h)[valid]
+                    fisher[li] += (g ** 2).sum((0, 2)).numpy()
+                    energy[li] += (o ** 2).sum((0, 2)).numpy()
+                total_loss += float(loss.detach())
+                n_pred += n
+                n_tokens += int(valid.sum())
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+        model.train(mode)
+    if n_pred == 0:
+        raise ValueError("`texts` hold no token to predict (each needs at least two tokens).")
+    fisher, energy = fisher / n_tokens, energy / n_tokens
+    rows = [{"layer": layer.index, "head": h, "fisher": float(fisher[li, h]),
+             "energy": float(energy[li, h]),
+             "weight": float(0.5 * fisher[li, h] * energy[li, h] / d_h)}
+            for li, layer in enumerate(layers) for h in range(n_heads)]
+    return HeadSensitivityResult(rows, naming=family.name, head_dim=d_h, labels=labels,
+                                 n_texts=len(texts), n_tokens=n_tokens,
+                                 loss=total_loss / n_pred)
