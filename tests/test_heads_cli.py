@@ -178,6 +178,11 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
                if not np.array_equal(v.numpy(), loaded.state_dict()[k].numpy())}
     assert changed and all(".attention.self.query." in k or ".attention.self.key." in k
                            for k in changed)
+    # An encoder is planned greedily by default; it has no next-token loss to price heads by.
+    assert payload["plan"]["allocation"] == "greedy"
+    with pytest.raises(CLIError, match="--allocation fisher"):
+        _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
+              "--budget", "0.5", "--allocation", "fisher", "--out", str(out)])
     for name in ["deficiency.json", "deficiency.csv", "eps_ranks.csv", "plan.json"]:
         assert (out / name).stat().st_size > 0
     if pytest.importorskip("matplotlib"):

@@ -319,8 +319,12 @@ def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
         "heads", str(source), "--text", str(tmp_path / "text.txt"), "--compress", str(target),
         "--budget", "0.5", "--json", "--out", str(tmp_path / "out")])
     assert args.run(args) == 0
-    fidelity = json.loads(capsys.readouterr().out)["fidelity"]
+    payload = json.loads(capsys.readouterr().out)
+    fidelity = payload["fidelity"]
     assert fidelity["measure"] == "perplexity and next-token KL" and fidelity["mean_kl"] > 0
+    # A causal LM's rank goes where the next-token loss is predicted to fall fastest.
+    plan = payload["plan"]
+    assert plan["allocation"] == "fisher" and plan["predicted_loss"] > 0, plan.keys()
     loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
         target, local_files_only=True, output_loading_info=True)
     assert type(loaded) is transformers.GPT2LMHeadModel and not info["missing_keys"]

@@ -15,10 +15,14 @@ a causal LM with its head included) to ``OUT_DIR``, and reports, on the evaluati
 measure that fits the model and which one it used: for a causal language model the perplexity
 (and its ratio to the original's) and the mean KL divergence of the next-token distributions
 to the original's; for an encoder the cosine of the sentence embeddings to the original's.
+The budget is shared by ``--allocation``: for a causal language model by default
+``fisher``, greedy on the next-token loss each head's error is predicted to cost (its Fisher
+weight, :func:`~sklearn_ebound.heads.head_sensitivity`, read on the calibration half), for
+any other model ``greedy`` on each head's own output error.
 ``--refine sequential`` re-fits the compressed pairs layer by layer on the compressed model's
 own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
 against the original's output on the calibration half (the sentence embedding of a model
-without a language-model head, the last hidden state otherwise).
+without a language-model head, the next-token distributions of a causal language model).
 
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
@@ -91,14 +95,17 @@ def add_heads_parser(commands):
                        help="total query-key rank kept, a fraction of the full rank in (0, 1] "
                             "(no default)")
     which.add_argument("--eps", type=non_negative_float, metavar="E",
-                       help="tolerance: each head keeps the smallest rank whose relative "
-                            "output error is at most E, in (0, 1) (no default)")
+                       help="tolerance in (0, 1): each head's smallest rank of relative "
+                            "output error <= E (no default)")
     compress.add_argument("--train-steps", type=int, default=0, metavar="N",
-                          help="L-BFGS iterations of the trained rank-r pairs; 0 skips that "
-                               "step (default: %(default)s)")
+                          help="L-BFGS steps training the pairs (default: %(default)s)")
     compress.add_argument("--refine", choices=("none", "sequential", "distill"),
                           default="none", metavar="MODE",
                           help="none, sequential or distill (default: %(default)s)")
+    compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
+                          default="auto", metavar="RULE",
+                          help="greedy, fisher (next-token loss) or uniform; auto: "
+                               "fisher for LMs (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5,
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
@@ -267,12 +274,15 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         distill_compressed,
         head_deficiency,
         is_language_model,
-        plan_ranks,
         refine_compressed,
     )
 
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
+    language_model = is_language_model(model)
+    if args.allocation == "fisher" and not language_model:
+        raise CLIError("--allocation fisher prices the heads by a next-token loss: it needs a "
+                       "causal language model with its head (use greedy or uniform)")
     epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
                                                                         args.eps}))
     common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
@@ -280,8 +290,8 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     result = _resumable(head_deficiency, out / "deficiency_layers", "deficiency curves",
                         model, texts, methods=("weight", "data"), **common)
     kept = {"curves": len(result.resumed_layers)}
-    plan = (plan_ranks(result, eps=args.eps, method="data") if args.eps is not None
-            else plan_ranks(result, budget=args.budget, method="data"))
+    calibration = [texts[i] for i in result.calibration_index]
+    plan = _plan(args, result, model, tokenizer, calibration, language_model)
     method = "data"
     if args.train_steps:
         # Second pass: the planned ranks trained, so that the compressed heads are the
@@ -291,8 +301,6 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
     compressed = compress_heads(model, result, plan, method=method)
-    calibration = [texts[i] for i in result.calibration_index]
-    language_model = is_language_model(model)
     if args.refine == "sequential":
         compressed = refine_compressed(model, compressed, plan, calibration,
                                        tokenizer=tokenizer, train_steps=args.train_steps or 15,
@@ -302,7 +310,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         bar = Progress("distilling (epochs)")
         compressed = distill_compressed(
             model, compressed, plan, calibration, tokenizer=tokenizer,
-            objective="hidden" if language_model else "embedding",
+            objective="next_token" if language_model else "embedding",
             max_length=args.max_length, random_state=args.seed, progress=bar)
         bar(1, 1)  # early stopping may end before the last epoch
     target = Path(args.compress)
@@ -332,6 +340,8 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     files = (write_table(result, out, "deficiency") + write_table(heads_table, out, "eps_ranks")
              + write_table(plan, out, "plan") + _deficiency_pngs(result, out, focus))
     goal = (f"budget {args.budget:g}" if args.eps is None else f"tolerance eps = {args.eps:g}")
+    rule = ("each head at its eps-rank" if args.eps is not None
+            else _ALLOCATION_WORDS[plan.allocation])
     report = [
         f"Deficiency curves of {len(eps_table.rows)} heads at every rank on "
         f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
@@ -344,7 +354,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         heads_table.format(),
         "eps-ranks over heads (median, min, max):",
         result.summary().format(),
-        f"Plan (greedy on the data-aware curves, {goal}"
+        f"Plan ({rule}, {goal}"
         + (", the planned ranks trained" if args.train_steps else "")
         + {"none": "", "sequential": ", refined layer by layer",
            "distill": ", distilled end to end"}[args.refine]
@@ -355,6 +365,33 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
                heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
                "compressed_model": str(target), "files": [str(p) for p in files]}
     return report, payload
+
+
+_ALLOCATION_WORDS = {
+    "greedy": "greedy on the data-aware curves",
+    "fisher": "greedy on the next-token loss predicted from the data-aware curves and each "
+              "head's Fisher weight",
+    "uniform": "one rank for every head",
+    "tolerance": "one tolerance for every head",
+}
+
+
+def _plan(args, result, model, tokenizer, calibration, language_model):
+    """The plan of ``--budget`` / ``--eps`` by ``--allocation`` on the data-aware curves."""
+    from ..heads import head_sensitivity, plan_ranks
+
+    if args.eps is not None:
+        return plan_ranks(result, eps=args.eps, method="data")
+    allocation = args.allocation
+    if allocation == "auto":
+        allocation = "fisher" if language_model else "greedy"
+    if allocation != "fisher":
+        return plan_ranks(result, budget=args.budget, method="data", allocation=allocation)
+    # The Fisher weights from the calibration half only: the evaluation half judges the plan.
+    sensitivity = head_sensitivity(model, calibration, tokenizer=tokenizer,
+                                   max_length=args.max_length)
+    return plan_ranks(result, budget=args.budget, method="data", allocation="fisher",
+                      sensitivity=sensitivity)
 
 
 def _fidelity(model, compressed, texts, tokenizer, max_length):
