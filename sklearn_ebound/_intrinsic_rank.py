@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._attention_operators import check_attention_pattern, check_lengths
+from ._attention_operators import check_attention_pattern, check_lengths, own_share_energy
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
@@ -670,11 +670,21 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             tau=self.tau, attention=self.attention, cv=self.cv, cv_data=cv_data,
             fit_intercept=self.fit_intercept,
             n_tokens=self._sequence_shape[0] if self._sequences else None,
+            own_energy=self._own_share_energy(),
             sample=self._rows.sample(n_rows), rng=check_random_state(self.random_state))
         self._set_fitted_attributes(reading, s, components, mean, kernel)
         for caveat in filter(None, [*reading.caveats, self._overflow_caveat()]):
             warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
         return self
+
+    def _own_share_energy(self):
+        """The per-token reading's systematic energy under the attention pattern (``None``
+        without a mask, weights or bias: then ``2 / n^2``)."""
+        if self._fit_mode != "per_token" or (self.mask is None and self.logit_bias is None):
+            return None
+        pattern = check_attention_pattern(self.mask, self._sequence_shape[0], self.attention,
+                                          self.mask_normalization, self.logit_bias)
+        return own_share_energy(pattern, self._sequence_shape[0])
 
     def _set_fitted_attributes(self, reading, s, components, mean, kernel):
         """Every fitted attribute, in the units of the data (the rank does not change)."""

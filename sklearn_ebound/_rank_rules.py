@@ -89,13 +89,15 @@ __all__ = [
 
 
 def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
-              cv_data=None, n_tokens=None, sample=None, rng=None):
+              cv_data=None, n_tokens=None, own_energy=None, sample=None, rng=None):
     """Solve the statistics ``name`` (of :mod:`._rank_statistics`) and read their rank.
 
     Returns the :class:`RankReading`, the spectrum whose energy the components carry, the
     orthonormal input directions of the rank (rows), the input means, and the kernel's least
     squares (``None`` but for ``name="kernel"``). ``cv_data`` is the ``(X, Y)`` of
-    ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data, ``sample`` the
+    ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data (``own_energy``
+    the per-token operator's systematic energy under its mask, :func:`short_sequence_caveat`,
+    or ``None`` without one), ``sample`` the
     rows kept for the residual diagnostics (:class:`._diagnostics.RowSample`) and ``rng`` the
     generator of their resampling.
     """
@@ -147,7 +149,7 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             # The cap, not the noise test, set the rank: the test's interval does not apply.
             reading = replace(reading, rank_interval=(reading.rank, reading.rank))
         if name == "per_token":
-            caveats.append(short_sequence_caveat(n_tokens, tau))
+            caveats.append(short_sequence_caveat(n_tokens, tau, own_energy))
     reading = replace(reading, caveats=tuple(c for c in caveats if c))
     return reading, s, components[: reading.rank], mean, kernel
 
@@ -1070,20 +1072,26 @@ def cap_by_energy(reading, s, tau):
     return replace(reading, rank=int(min(reading.rank, energy_rank(signal, tau))))
 
 
-def short_sequence_caveat(n_tokens, tau):
+def short_sequence_caveat(n_tokens, tau, own_energy=None):
     """Where the per-token operator's systematic term may pass the energy cap, a caveat.
 
     A token's own share ``x_i x_iᵀ / n`` of its sequence's moment adds ``V (W + tr(W) I) / n``
     to the operator ``V Wᵀ`` (Gaussian tokens): a full-rank term of relative energy up to
     about ``2 / n^2`` (0.3-1.7 / n^2 measured beyond the planted directions, d = 8, n = 4-32).
+    With a mask or weights the share is ``a_ii``, and ``own_energy`` is ``2 E[a_ii^2]``
+    (:func:`._attention_operators.own_share_energy`): under a causal mask the first queries
+    see few keys, and the term is far larger than ``2 / n^2``.
     """
-    if 2 / n_tokens**2 <= 1 - tau:
+    energy = 2 / n_tokens**2 if own_energy is None else own_energy
+    if energy <= 1 - tau:
         return None
-    return (f"With an unknown value map and {n_tokens} tokens per sequence, the per-token "
-            f"operator carries a full-rank systematic term of relative energy up to about "
-            f"2 / n_tokens^2 = {2 / n_tokens**2:.3g}, more than 1 - tau = {1 - tau:.3g}: "
-            "the rank may be overestimated. Pass the value map, use longer sequences, or "
-            "lower tau.")
+    what = (f"{n_tokens} tokens per sequence" if own_energy is None else
+            f"{n_tokens} tokens per sequence and this mask (queries that see few keys)")
+    return (f"With an unknown value map and {what}, the per-token operator carries a "
+            f"full-rank systematic term of relative energy up to about 2 E[a_ii^2] = "
+            f"{energy:.3g} (a_ii: a token's own share of its attention), more than 1 - tau = "
+            f"{1 - tau:.3g}: the rank may be overestimated. Pass the value map, use longer "
+            "sequences, or lower tau.")
 
 
 def whitening_caveat(fit):

@@ -377,3 +377,26 @@ def test_saturated_softmax_on_a_symmetric_vocabulary_checks_every_counted_direct
     with pytest.warns(RankEstimationWarning, match="Kronecker whitening"):
         est = IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
     assert est.rank_ == 3
+
+
+def test_the_short_sequence_caveat_reads_the_mask():
+    # Without the value map a token's own share a_ii of its moment is a full-rank systematic
+    # term of energy about 2 E[a_ii^2]: 2 / n^2 unmasked, far more under a causal mask, whose
+    # first queries see few keys. At n = 24 the causal reading is warned, the unmasked is not.
+    from sklearn_ebound._attention_operators import check_attention_pattern, own_share_energy
+
+    unmasked = own_share_energy(check_attention_pattern(None, 24, "linear"), 24)
+    assert unmasked == pytest.approx(2 / 24**2)
+    causal = own_share_energy(check_attention_pattern("causal", 24, "linear"), 24)
+    # Rows weighted by |K_i| / n: 2 sum_k (k / n) k^-2 / sum_k (k / n).
+    k = np.arange(1, 25)
+    assert causal == pytest.approx(2 * np.sum(1 / k) / np.sum(k))
+    assert own_share_energy(check_attention_pattern("causal", 64, "linear"), 64) < 0.01
+    for mask, warned in [(None, False), ("causal", True)]:
+        X, Y = make_attention_task("linear", 200, 24, 6, rank=2, noise=0.05, mask=mask,
+                                   random_state=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            IntrinsicRankEstimator("attention", attention="linear", mask=mask).fit(X, Y)
+        said = [str(w.message) for w in caught if "own share" in str(w.message)]
+        assert bool(said) == warned, said
