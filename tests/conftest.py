@@ -54,6 +54,20 @@ class WordTokenizer:
                                                 for x in ids])}
 
 
+def word_level_tokenizer(texts):
+    """A real Hugging Face fast tokenizer, one id per word of ``texts`` (``[PAD]`` 0, ``[UNK]``
+    1), that ``save_pretrained`` writes and ``AutoTokenizer`` loads back."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + words)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
+                                                unk_token="[UNK]")
+
+
 @pytest.fixture(scope="session")
 def word_tokenizer():
     """The stand-in tokenizer class, for tests that run tiny Hugging Face models."""

@@ -129,19 +129,14 @@ def tiny_bert_with_tokenizer(tmp_path_factory):
     """A 2-layer BERT with random weights and a word-level tokenizer, saved to disk."""
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from conftest import word_level_tokenizer
 
     from sklearn_ebound.heads import docstring_sentences
 
     texts = docstring_sentences(["json", "textwrap"])[:30]
-    words = sorted({w for t in texts for w in t.split()})
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + words)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
-                                                     unk_token="[UNK]")
+    tokenizer = word_level_tokenizer(texts)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16,
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=16,
                                      num_attention_heads=2, num_hidden_layers=2,
                                      intermediate_size=32)
     model = transformers.BertModel(config)

@@ -290,21 +290,16 @@ def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
     # causal LM): the CLI writes the class it was given and measures it by next tokens.
     import json
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from conftest import word_level_tokenizer
 
     import sklearn_ebound.heads as heads
     from sklearn_ebound.cli import build_parser
 
     texts = TEXTS + HELD_OUT
-    words = sorted({w for t in texts for w in t.split()})
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]"] + words)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]",
-                                                     unk_token="[UNK]")
+    tokenizer = word_level_tokenizer(texts)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_embd=16, n_head=2, n_layer=2, vocab_size=len(vocab), tie_word_embeddings=False))
+        n_embd=16, n_head=2, n_layer=2, vocab_size=len(tokenizer), tie_word_embeddings=False))
     source, target = tmp_path / "lm", tmp_path / "small"
     model.save_pretrained(source)
     tokenizer.save_pretrained(source)
