@@ -54,6 +54,23 @@ class WordTokenizer:
                                                 for x in ids])}
 
 
+def dense_and_matrix_free_solves(V, attention, X, Y, lengths=None, **pattern):
+    """The kernel least squares of ``X, Y`` solved by the dense normal matrix and by the
+    matrix-free conjugate gradients (to ``tol=1e-13``, no softmax refinement), after checking
+    that the two agree on the kernel and its spectrum; returns ``(dense, free)``."""
+    import numpy as np
+
+    from sklearn_ebound._attention_operators import KernelMoments
+
+    dense, free = [KernelMoments(V, attention, solver=solver, refine=False, **pattern)
+                   .update(X, Y, lengths).solve(tol=1e-13) for solver in ("dense", "cg")]
+    assert (dense.solver, free.solver) == ("dense", "cg")
+    np.testing.assert_allclose(free.kernel, dense.kernel,
+                               atol=1e-8 * np.abs(dense.kernel).max())
+    np.testing.assert_allclose(free.singular_values, dense.singular_values, rtol=1e-8)
+    return dense, free
+
+
 def word_level_tokenizer(texts):
     """A real Hugging Face fast tokenizer, one id per word of ``texts`` (``[PAD]`` 0, ``[UNK]``
     1), that ``save_pretrained`` writes and ``AutoTokenizer`` loads back."""

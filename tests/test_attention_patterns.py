@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import dense_and_matrix_free_solves
 
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._attention_operators import KernelMoments, check_attention_pattern
@@ -183,13 +184,7 @@ def test_matrix_free_solve_equals_the_dense_solve_with_weights_or_a_bias(name, p
     X, Y, params = make_attention_task(attention, 60, N_TOKENS, 6, rank=2, value="random",
                                        lengths=lengths, random_state=3, return_params=True,
                                        **pattern)
-    solved = [KernelMoments(params.V, attention, solver=solver, refine=False, **pattern)
-              .update(X, Y, lengths).solve(tol=1e-13) for solver in ("dense", "cg")]
-    dense, free = solved
-    assert (dense.solver, free.solver) == ("dense", "cg")
-    np.testing.assert_allclose(free.kernel, dense.kernel,
-                               atol=1e-8 * np.abs(dense.kernel).max())
-    np.testing.assert_allclose(free.singular_values, dense.singular_values, rtol=1e-8)
+    dense, _ = dense_and_matrix_free_solves(params.V, attention, X, Y, lengths, **pattern)
     # Not the kernel of uniform weights: the pattern entered both.
     plain = KernelMoments(params.V, attention, solver="dense", refine=False).update(
         X, Y, lengths).solve()
