@@ -12,6 +12,11 @@ subject, used by no step):
   mean next-token KL of the data-aware forms planned ``uniform`` (one rank for every head),
   ``greedy`` (the package's default, by each head's own relative output error) and
   ``fisher`` (by the predicted loss increase);
+* with ``--peers``, the compressions of the literature at one rank for every head
+  (``_decoder_peers.py``): uniform weight-space SVD, ASVD's activation-scaled SVD and
+  Palu's low-rank key projection per key group, each at the even rank nearest the budget
+  (Palu at the nearest rank); the package's ``uniform`` row is SVD-LLM's truncation-aware
+  whitening at one rank;
 * with ``--distill-lr``, the Fisher plan at ``--distill-budgets`` distilled on the
   calibration lines with the next-token KL objective (:func:`distill_compressed`,
   ``--distill-epochs``, early stopping on a fifth of the calibration lines, an epoch that
@@ -24,7 +29,8 @@ subject, used by no step):
 
 Needs the ``heads`` extra (``transformers``, ``gguf``, ``accelerate``).
 
-    python benchmarks/bench_decoder_plan.py --model-dir DIR [--gguf-file FILE] [--out FILE]
+    python benchmarks/bench_decoder_plan.py --model-dir DIR [--gguf-file FILE] [--peers]
+        [--out FILE] [--plot FILE]
 """
 
 import argparse
@@ -38,6 +44,47 @@ def _measure(model, compressed, held, tokenizer, p0):
     p = perplexity(compressed, held, tokenizer, max_length=64)
     return {"perplexity_ratio": p / p0,
             "kl": next_token_kl(model, compressed, held, tokenizer, max_length=64).mean_kl}
+
+
+def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
+    """The peers of ``_decoder_peers`` at every budget (their statistics on ``cal``)."""
+    from _decoder_peers import PEERS, activation_statistics
+
+    stats = activation_statistics(model, cal, tokenizer, max_length=64)
+    for budget in budgets:
+        for name, peer in PEERS.items():
+            step = 1 if name.startswith("Palu") else 2
+            rank = int(step * round(budget * head_dim / step))
+            row = {"budget": budget, "plan": name, "budget_used": rank / head_dim,
+                   **_measure(model, peer(model, rank, stats), held, tokenizer, p0)}
+            print(f"{budget:.0%} {name:14s} {row['perplexity_ratio']:.3f}x  KL "
+                  f"{row['kl']:.4f}", flush=True)
+            yield row
+
+
+def _plot(out, path):
+    """The budget-perplexity frontier of every row name, on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    names = list(dict.fromkeys(row["plan"] for row in out["rows"]))
+    for name in names:
+        rows = sorted((r for r in out["rows"] if r["plan"] == name),
+                      key=lambda r: r["budget_used"])
+        ax.plot([100 * r["budget_used"] for r in rows], [r["perplexity_ratio"] for r in rows],
+                marker="o", ms=4, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("query-key rank kept (% of the full rank)")
+    ax.set_ylabel("held-out perplexity / original's")
+    ax.set_title(f"{out['model']}: {out['n_texts']} calibration lines, "
+                 f"{out['n_held_out']} held-out sentences", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def _correlation(model, result, sens, held, tokenizer, fraction):
@@ -70,10 +117,13 @@ def main(argv=None):
                         help="the distillation's learning rate; none: no distillation")
     parser.add_argument("--distill-epochs", type=int, default=6)
     parser.add_argument("--distill-budgets", default="0.4,0.6,0.8")
+    parser.add_argument("--peers", action="store_true",
+                        help="also the literature's compressions at one rank")
     parser.add_argument("--correlation", action="store_true")
     parser.add_argument("--correlation-rank", type=float, default=0.4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None, help="PNG of the frontier (needs matplotlib)")
     args = parser.parse_args(argv)
 
     import torch
@@ -110,7 +160,10 @@ def main(argv=None):
     print(f"{out['model']}: curves {t_curves:.0f} s, Fisher weights {t_sens:.0f} s, "
           f"original perplexity {p0:.2f}", flush=True)
     distilled_at = {float(b) for b in args.distill_budgets.split(",")}
-    for budget in (float(b) for b in args.budgets.split(",")):
+    budgets = [float(b) for b in args.budgets.split(",")]
+    if args.peers:
+        out["rows"] += _peer_rows(model, cal, held, tokenizer, p0, budgets, result.head_dim)
+    for budget in budgets:
         for name, kw in (("uniform", {"allocation": "uniform"}),
                          ("greedy", {"allocation": "greedy"}),
                          ("fisher", {"allocation": "fisher", "sensitivity": sens})):
@@ -144,6 +197,8 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(out, fh, indent=2)
+    if args.plot:
+        _plot(out, args.plot)
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def test_qwen2_query_and_key_biases_are_read_and_written(word_tokenizer):
         q, _ = result.factors(0, head, rank, "data")
         np.testing.assert_allclose(new_bias[cols].detach().numpy(), q[-1], rtol=1e-6,
                                    atol=1e-7)
-        assert not torch.equal(new_bias[cols], q_bias[cols])  # the dropped planes' bias
+        assert not torch.equal(new_bias[cols], q_bias[cols])  # the bias mapped to rank r
         out, _ = heads_output(compressed)
         ref, new = reference[..., cols][mask], out[..., cols][mask]
         err = float(((new - ref) ** 2).sum() / (ref ** 2).sum())

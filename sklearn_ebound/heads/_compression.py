@@ -128,7 +128,7 @@ def _planned_heads(model, compressed, plan):
                              f"integer in [0, {d_h}].")
         if 1 <= rank < d_h:
             todo.setdefault(layer_index, []).append((head, int(rank)))
-    if family.rotary:  # rotary forms zero whole rotation planes, not the last columns
+    if family.rotary:  # rotary forms map the whole query, not its first columns
         return family, by_index, todo
     for layer_index in sorted(todo):
         layer, c_layer = by_index[layer_index]
@@ -191,7 +191,7 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
         A copy of ``compressed`` in which only the refined heads' query and key projection
         weights (and biases) differ. Rotary models are returned unrefined, with a
         :class:`~sklearn_ebound.exceptions.RankEstimationWarning` (their rank-``r`` forms
-        keep whole rotation planes and are not trained).
+        act on the query before its rotation and are not trained here).
 
     Examples
     --------
@@ -230,9 +230,9 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
     family, by_index, todo = _planned_heads(model, compressed, plan)
     refined = copy.deepcopy(compressed)
     if family.rotary:
-        warnings.warn("Rotary heads are not refined (their rank-r forms keep whole rotation "
-                      "planes and are not trained): the compressed model is returned as it "
-                      "is.", RankEstimationWarning, stacklevel=2)
+        warnings.warn("Rotary heads are not refined (their rank-r forms act on the query "
+                      "before its rotation; distill_compressed trains them): the compressed "
+                      "model is returned as it is.", RankEstimationWarning, stacklevel=2)
         return refined
     torch = require("torch")
     causal = family.is_causal(model.config)
@@ -269,43 +269,58 @@ OBJECTIVES = ("embedding", "hidden", "layers", "next_token")
 
 
 def _trainable_masks(model, family, by_index, todo):
-    """``{parameter name: bool mask}`` of the planned columns of the query and key projections.
+    """``({parameter name: bool mask}, projectors)``: what the distillation may move.
 
-    Rotary heads keep whole rotation planes in place and their (shared) keys whole: their
-    trainable entries are the query columns the rank-``r`` form kept (the non-zero ones),
-    so that training moves no column out of its plane and no key of another head.
+    In a head without rotary positions the planned columns of its query and key maps. A
+    rotary head's rank-``r`` query map is ``W~_Q' = F A^T`` with ``A`` (``d_h x r``) fixed by
+    its form and its (shared) keys whole: every query entry of the head is trainable, and
+    after each step the head's block is projected back onto the span of ``A``
+    (``projectors``: ``{parameter name: [(row slice, P)]}``, ``P = A A^+``), so that its
+    rank stays ``r`` and no key of another head moves.
     """
     if family.rotary:
-        return _rotary_masks(model, family, by_index, todo)
+        return _rotary_trainable(model, family, by_index, todo)
     masks = {}
     for layer_index, heads in todo.items():
         for name, mask in family.column_masks(model, by_index[layer_index][0], heads).items():
             masks[name] = masks[name] | mask if name in masks else mask
-    return masks
+    return masks, {}
 
 
-def _rotary_masks(model, family, by_index, todo):
-    """Masks of the kept (non-zero) query columns of each planned rotary head."""
+def _rotary_trainable(model, family, by_index, todo):
+    """Masks of the planned rotary heads' whole query blocks, and their rank-``r`` projectors."""
     torch = require("torch")
     params = dict(model.named_parameters())
-    masks = {}
+    masks, projectors = {}, {}
     for layer_index, heads in todo.items():
         c_layer = by_index[layer_index][1]
         cq, _, _ = augmented_weights(c_layer)
-        for head, _rank in heads:
+        for head, rank in heads:
             slot = family.slots(c_layer, head, int(c_layer.kv_index[head]))[0]
-            kept = slot.start + np.flatnonzero(np.any(cq[head] != 0, axis=0))
+            if not slot.linear:
+                raise ValueError(f"`{slot.module}`: rotary heads are trained in nn.Linear "
+                                 "projections only.")
+            # The span of the head's rank-r query map: its top right singular vectors.
+            basis = np.linalg.svd(cq[head], full_matrices=False)[2][:rank].T
+            rows = slot.index(c_layer.head_dim)
             for suffix in (".weight", ".bias"):
                 if slot.module + suffix not in params:
                     continue
                 p = params[slot.module + suffix]
                 mask = masks.setdefault(slot.module + suffix,
                                         torch.zeros_like(p, dtype=torch.bool))
-                if slot.linear or suffix == ".bias":
-                    mask[kept] = True
-                else:
-                    mask[:, kept] = True
-    return masks
+                mask[rows] = True
+                projectors.setdefault(slot.module + suffix, []).append(
+                    (rows, torch.as_tensor(basis @ basis.T, dtype=p.dtype)))
+    return masks, projectors
+
+
+def _project(params, projectors):
+    """Each rotary head's query block back onto its rank-``r`` span (in place)."""
+    for name, blocks in projectors.items():
+        p = params[name]
+        for rows, P in blocks:
+            p[rows] = P @ p[rows]
 
 
 def _distillation_loss(objective, student, teacher, mask):
@@ -411,9 +426,9 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
         carries ``distillation_`` (a dict): ``train_loss`` and ``validation_loss`` per epoch
         (the objective on the clean training and validation texts, entry 0 before training,
         entry ``e`` after epoch ``e``), ``learning_rate`` (of each epoch), ``best_epoch``,
-        ``objective``. In a rotary head the trained entries are the query columns its
-        rank-``r`` form kept (whole rotation planes, in place); its keys, shared by the heads
-        of a group, stay as they are.
+        ``objective``. In a rotary head the trained entries are its query map, kept at rank
+        ``r`` on the span its form chose (projected back after each step); its keys, shared
+        by the heads of a group, stay as they are.
 
     See Also
     --------
@@ -462,7 +477,7 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     order = rng.permutation(len(texts))
     val_texts = [texts[i] for i in np.sort(order[:n_val])]
     train_texts = [texts[i] for i in order[n_val:]]
-    masks = _trainable_masks(distilled, family, by_index, todo)
+    masks, projectors = _trainable_masks(distilled, family, by_index, todo)
     was_training = model.training
     model.eval()
     distilled.eval()  # no dropout: the objective is the deterministic model's
@@ -471,7 +486,7 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     train, val = teacher.batches(train_texts), teacher.batches(val_texts)
     with _only_trainable(distilled, masks) as params:
         history, best_epoch = _distill_epochs(
-            distilled, params, masks, train, val, teacher, noise,
+            distilled, params, (masks, projectors), train, val, teacher, noise,
             dict(lr=float(learning_rate), max_epochs=max_epochs, patience=patience,
                  backoff=lr_backoff), rng,
             progress)
@@ -587,8 +602,10 @@ def _mean_objective(student, teacher, part):
     return sum(losses) / sum(len(b["input_ids"]) for b, _ in part)
 
 
-def _distill_step(student, params, masks, frozen, optimizer, teacher, noise, batch, target):
-    """One Adam step on one batch (and its noisy copy); entries outside the masks are reset."""
+def _distill_step(student, params, trainable, frozen, optimizer, teacher, noise, batch,
+                  target):
+    """One Adam step on one batch (and its noisy copy); entries outside the masks are reset
+    and the rotary heads projected back onto their rank."""
     torch = require("torch")
     optimizer.zero_grad()
     loss = _objective(student, teacher, batch, target)
@@ -596,6 +613,7 @@ def _distill_step(student, params, masks, frozen, optimizer, teacher, noise, bat
         noisy = noise(batch)
         loss = 0.5 * (loss + _objective(student, teacher, noisy, teacher.targets(noisy)))
     loss.backward()
+    masks, projectors = trainable
     for name, p in params.items():
         if name in masks and p.grad is not None:
             p.grad.mul_(masks[name])
@@ -603,9 +621,10 @@ def _distill_step(student, params, masks, frozen, optimizer, teacher, noise, bat
     with torch.no_grad():  # every entry outside the planned columns as it was
         for name in masks:
             params[name].copy_(torch.where(masks[name], params[name], frozen[name]))
+        _project(params, projectors)
 
 
-def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule, rng,
+def _distill_epochs(student, params, trainable, train, val, teacher, noise, schedule, rng,
                     progress):
     """Epochs of :func:`_distill_step` with early stopping; the best state is left in place.
 
@@ -615,6 +634,7 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
     columns back to the best state and the next epoch runs at the rate times the factor.
     """
     torch = require("torch")
+    masks = trainable[0]
 
     def snapshot():
         return {name: params[name].detach().clone() for name in masks}
@@ -629,7 +649,8 @@ def _distill_epochs(student, params, masks, train, val, teacher, noise, schedule
     for epoch in range(1, schedule["max_epochs"] + 1):
         history["learning_rate"].append(lr)
         for i in rng.permutation(len(train)):
-            _distill_step(student, params, masks, frozen, optimizer, teacher, noise, *train[i])
+            _distill_step(student, params, trainable, frozen, optimizer, teacher, noise,
+                          *train[i])
         history["train_loss"].append(_mean_objective(student, teacher, train))
         history["validation_loss"].append(_mean_objective(student, teacher, val))
         if progress is not None:

@@ -31,10 +31,11 @@ projections: :func:`compress_heads` writes them back.
 
 Rotary embeddings rotate the coordinate pairs ``(k, k + d_h/2)`` of queries and keys by
 position-dependent angles, so a general change of head basis does not commute with them. For
-rotary models a rank-``r`` form keeps ``r // 2`` whole rotation planes (ordered by their
-kernel's energy in the weights or in the data metric) by zeroing the other query columns:
-the rank then moves in steps of two and the keys (shared under grouped-query attention) are
-left untouched. The trained step is not run for rotary heads.
+rotary models the rank-``r`` form acts on the query before its rotation:
+``W~_Q' = W~_Q G_r`` with ``G_r = A_Q[:, :r] A_K[:, :r]^T`` (rank ``r``), which gives the
+kernel at offset 0 exactly the form above and the kernel at every offset a rank of at most
+``r``; the keys (shared under grouped-query attention) are left untouched. The trained step
+is not run for rotary heads.
 
 The analysis runs one layer at a time, in named steps: split the texts, capture the layer's
 inputs, each head's forms and curves, its trained pairs, then assemble the result. A layer's
@@ -103,11 +104,17 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
         den += float(torch.sum((full * valid) ** 2))
         if wo is not None:
             stream += float(torch.sum(((full @ root_t) * valid) ** 2))
-        q, k = rotate(X @ wq_b, g["cos"], g["sin"]), rotate(X @ wk_b, g["cos"], g["sin"])
+        if forms.rotary:  # the rank-r map on the query before its rotation, keys whole
+            q, k = X @ wq_t, rotate(X @ wk_t, g["cos"], g["sin"])
+        else:
+            q, k = X @ wq_b, X @ wk_b
         for i, r in enumerate(ranks):
-            cols = forms.columns(r)
-            qc = q[..., cols] if len(cols) else torch.zeros_like(q[..., :1])
-            kc = k[..., cols] if len(cols) else torch.zeros_like(k[..., :1])
+            if forms.rotary:
+                qc = rotate(q @ torch.as_tensor(forms.query_map(r)), g["cos"], g["sin"])
+                kc = k
+            else:
+                qc = q[..., :r] if r else torch.zeros_like(q[..., :1])
+                kc = k[..., :r] if r else torch.zeros_like(k[..., :1])
             delta = attend(qc, kc, v, mask, d_h) - full
             num[i] += float(torch.sum((delta * valid) ** 2))
             if wo is not None:
@@ -379,9 +386,8 @@ def _factors(wq, wk, forms, rank, pair=None):
         out_q[:, :rank], out_k[:, :rank] = pair
         return out_q, out_k
     cols = forms.columns(rank)
-    if forms.rotary:  # planes kept in place; keys untouched
-        out_q[:, cols] = wq[:, cols]
-        return out_q, wk.copy()
+    if forms.rotary:  # the query mapped before its rotation; keys untouched
+        return wq @ forms.query_map(rank), wk.copy()
     out_q[:, :len(cols)] = wq @ forms.A_Q[:, cols]
     out_k[:, :len(cols)] = wk @ forms.A_K[:, cols]
     return out_q, out_k

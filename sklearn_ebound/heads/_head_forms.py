@@ -194,46 +194,37 @@ def _svd_bases(wq, wk, root_q=None, root_k=None):
     return np.linalg.pinv(r1) @ (U * root_s), np.linalg.pinv(r2) @ (Vt.T * root_s)
 
 
-def _plane_order(wq, wk, root_q=None, root_k=None):
-    """Rotation planes ``(k, k + d_h/2)`` by decreasing energy of their kernel (in the metric)."""
-    mq = wq if root_q is None else root_q.T @ wq
-    mk = wk if root_k is None else root_k.T @ wk
-    half = wq.shape[1] // 2
-    energy = []
-    for k in range(half):
-        cols = [k, k + half]
-        energy.append(np.trace((mq[:, cols].T @ mq[:, cols]) @ (mk[:, cols].T @ mk[:, cols])))
-    return np.argsort(energy, kind="stable")[::-1]
-
-
 class HeadForms:
-    """The rank-``r`` query and key factors of one head under one method."""
+    """The rank-``r`` query and key factors of one head under one method.
+
+    ``A_Q``, ``A_K`` (``d_h x d_h``) are the bases of :func:`_svd_bases`: the first ``r``
+    columns give the best rank-``r`` form of the kernel in the method's metric. A rotary
+    head cannot take a change of basis (the rotation sits between its queries and keys), so
+    its rank-``r`` form is a map on the query before the rotation,
+    ``q -> q G_r`` with ``G_r = A_Q[:, :r] A_K[:, :r]^T`` (:meth:`query_map`): at offset 0
+    the kernel is the same best rank-``r`` form, at every offset its rank is at most ``r``,
+    and the keys, shared under grouped-query attention, stay whole.
+    """
 
     def __init__(self, wq, wk, rotary, root_q=None, root_k=None):
-        self.rotary = rotary
+        self.rotary = bool(rotary)
         self.d_h = wq.shape[1]
-        if rotary:
-            self.planes = _plane_order(wq, wk, root_q, root_k)
-            self.A_Q = self.A_K = np.eye(self.d_h)
-        else:
-            self.A_Q, self.A_K = _svd_bases(wq, wk, root_q, root_k)
+        self.A_Q, self.A_K = _svd_bases(wq, wk, root_q, root_k)
 
     @classmethod
-    def restore(cls, A_Q, A_K, planes=None):
-        """The forms from their kept bases (``planes`` for a rotary head, else ``None``)."""
+    def restore(cls, A_Q, A_K, rotary=False):
+        """The forms from their kept bases."""
         forms = cls.__new__(cls)
-        forms.rotary, forms.d_h = planes is not None, A_Q.shape[0]
+        forms.rotary, forms.d_h = bool(rotary), A_Q.shape[0]
         forms.A_Q, forms.A_K = A_Q, A_K
-        if planes is not None:
-            forms.planes = planes
         return forms
 
     def columns(self, r):
         """Columns of the bases kept at rank ``r``."""
-        if not self.rotary:
-            return np.arange(r)
-        half = self.d_h // 2
-        kept = self.planes[:r // 2]
-        return np.sort(np.concatenate([kept, kept + half]))
+        return np.arange(r)
+
+    def query_map(self, r):
+        """``G_r`` (``d_h x d_h``, rank ``r``): a rotary head's rank-``r`` query ``q G_r``."""
+        return self.A_Q[:, :r] @ self.A_K[:, :r].T
 
 

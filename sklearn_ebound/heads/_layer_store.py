@@ -23,7 +23,7 @@ from ._inputs import require, token_batches
 
 __all__ = ["LayerDeficiency", "LayerStore", "fingerprint"]
 
-_FORMAT = 1  # of the files below; part of the fingerprint
+_FORMAT = 2  # of the files below; part of the fingerprint
 
 
 @dataclass
@@ -60,8 +60,7 @@ class LayerDeficiency:
             out[f"stream_{m}"] = self.stream_err[m]
         for (h, m), forms in self.forms.items():
             out[f"forms_{h}_{m}_A_Q"], out[f"forms_{h}_{m}_A_K"] = forms.A_Q, forms.A_K
-            if forms.rotary:
-                out[f"forms_{h}_{m}_planes"] = forms.planes
+            out[f"forms_{h}_{m}_rotary"] = np.asarray(forms.rotary)
         for (h, r), (tq, tk) in self.trained.items():
             out[f"trained_{h}_{r}_Q"], out[f"trained_{h}_{r}_K"] = tq, tk
         return out
@@ -74,9 +73,8 @@ class LayerDeficiency:
             parts = name.split("_")
             if parts[0] == "forms" and parts[-1] == "Q" and parts[-2] == "A":
                 h, m = int(parts[1]), parts[2]
-                planes = arrays.get(f"forms_{h}_{m}_planes")
                 forms[(h, m)] = HeadForms.restore(arrays[name], arrays[f"forms_{h}_{m}_A_K"],
-                                                  planes)
+                                                  bool(arrays[f"forms_{h}_{m}_rotary"]))
             elif parts[0] == "trained" and parts[-1] == "Q":
                 h, r = int(parts[1]), int(parts[2])
                 trained[(h, r)] = (arrays[name], arrays[f"trained_{h}_{r}_K"])
