@@ -120,7 +120,7 @@ def add_heads_parser(commands):
                              "the kernels only)")
     parser.add_argument("--head", type=_layer_head, default=(0, 0), metavar="LAYER.HEAD",
                         help="the head whose spectra are plotted (default: 0.0)")
-    parser.add_argument("--max-length", type=int, default=128,
+    parser.add_argument("--max-length", type=int, default=128, metavar="N",
                         help="tokens per line at most (default: %(default)s)")
     compress = parser.add_argument_group(
         "compression", "measure how much query-key rank each head needs on --text and save a "
@@ -137,19 +137,17 @@ def add_heads_parser(commands):
                        help="tolerance in (0, 1): each head's smallest rank of relative "
                             "output error <= E (no default)")
     compress.add_argument("--train-steps", type=_steps, default="auto", metavar="N",
-                          help="L-BFGS steps training the planned pairs, 0 for none; auto: "
-                               f"{ENCODER_AUTO['train_steps']} for an encoder (any model but a "
-                               "causal LM), 0 for a causal LM (default: %(default)s)")
+                          help="L-BFGS steps training the planned pairs; auto: "
+                               f"{ENCODER_AUTO['train_steps']}, 0 for LMs (default: %(default)s)")
     compress.add_argument("--refine", choices=("auto", "none", "sequential", "distill"),
                           default="auto", metavar="MODE",
-                          help="none, sequential or distill; auto: "
-                               f"{ENCODER_AUTO['refine']} for an encoder, none for a causal "
-                               "LM (default: %(default)s)")
+                          help=f"none, sequential or distill; auto: {ENCODER_AUTO['refine']}, "
+                               "none for LMs (default: %(default)s)")
     compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
                           default="auto", metavar="RULE",
                           help="greedy, fisher (next-token loss) or uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
-    compress.add_argument("--calibration", type=float, default=0.5,
+    compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
     parser.set_defaults(run=heads_command)
