@@ -190,14 +190,15 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
                                              ("distill", "distilled end to end")])
 def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys, refine, said):
     # --refine sequential / distill saves the refined model: other query-key weights than
-    # the unrefined one, every other weight still the original's
+    # the unrefined one, every other weight still the original's (refining the data-aware
+    # pairs: --train-steps 0, as an encoder's auto default would train them first)
     transformers = pytest.importorskip("transformers")
     model_dir, text = tiny_bert_with_tokenizer
     models = {}
     for mode in ("none", refine):
         target = tmp_path / mode
         assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
-                     "--budget", "0.5", "--refine", mode, "--out",
+                     "--budget", "0.5", "--train-steps", "0", "--refine", mode, "--out",
                      str(tmp_path / f"o-{mode}")]) == 0
         report = capsys.readouterr().out
         assert (said in report) == (mode == refine)
@@ -211,6 +212,60 @@ def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys, refi
                if not np.array_equal(v.numpy(), models[refine][k].numpy())}
     assert moved and all(".attention.self.query." in k or ".attention.self.key." in k
                          for k in changed)
+
+
+def test_heads_auto_defaults_resolve_by_model_kind():
+    # --train-steps and --refine default to auto: resolved once the model is loaded, the
+    # encoder setting for a model that is not a causal LM, no training nor refinement for a
+    # causal LM; an explicit value wins either way, and the parsed arguments stay as given.
+    transformers = pytest.importorskip("transformers")
+    from sklearn_ebound.cli._heads import ENCODER_AUTO, resolve_auto
+    from sklearn_ebound.heads import is_language_model
+
+    encoder = transformers.BertModel(transformers.BertConfig(
+        vocab_size=20, hidden_size=8, num_attention_heads=2, num_hidden_layers=1,
+        intermediate_size=8))
+    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=8, n_head=2, n_layer=1,
+                                                              vocab_size=20))
+    assert not is_language_model(encoder) and is_language_model(lm)
+    base = ["heads", "m", "--text", "t.txt", "--compress", "o", "--budget", "0.4"]
+    args = build_parser().parse_args(base)
+    assert (args.train_steps, args.refine) == ("auto", "auto")
+    assert ENCODER_AUTO == {"train_steps": 15, "refine": "distill"}
+    resolved = resolve_auto(args, is_language_model(encoder))
+    assert (resolved.train_steps, resolved.refine) == (15, "distill")
+    resolved = resolve_auto(args, is_language_model(lm))
+    assert (resolved.train_steps, resolved.refine) == (0, "none")
+    assert (args.train_steps, args.refine) == ("auto", "auto")
+    for extra, expected in [(["--train-steps", "0", "--refine", "none"], (0, "none")),
+                            (["--train-steps", "4", "--refine", "sequential"],
+                             (4, "sequential")),
+                            (["--train-steps", "0"], {False: (0, "distill"),
+                                                      True: (0, "none")}),
+                            (["--refine", "distill"], {False: (15, "distill"),
+                                                       True: (0, "distill")}),
+                            (["--train-steps", "auto", "--refine", "auto"],
+                             {False: (15, "distill"), True: (0, "none")})]:
+        explicit = build_parser().parse_args(base + extra)
+        for language_model in (False, True):
+            want = expected[language_model] if isinstance(expected, dict) else expected
+            resolved = resolve_auto(explicit, language_model)
+            assert (resolved.train_steps, resolved.refine) == want, (extra, language_model)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--train-steps", "many"])
+
+
+def test_heads_compress_auto_defaults_on_an_encoder(tiny_bert_with_tokenizer, tmp_path,
+                                                    capsys):
+    # With no --train-steps nor --refine, an encoder's planned pairs are trained and then
+    # distilled, and the plan's report line says so.
+    model_dir, text = tiny_bert_with_tokenizer
+    assert _run(["heads", str(model_dir), "--text", str(text), "--compress",
+                 str(tmp_path / "m"), "--budget", "0.5", "--out", str(tmp_path / "o")]) == 0
+    plan_line = next(line for line in capsys.readouterr().out.splitlines()
+                     if line.startswith("Plan ("))
+    assert "the planned ranks trained (15 L-BFGS steps)" in plan_line
+    assert "distilled end to end" in plan_line or "distillation tried" in plan_line
 
 
 def test_heads_compress_eps_report(tiny_bert_with_tokenizer, tmp_path, capsys):

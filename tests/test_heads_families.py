@@ -320,6 +320,8 @@ def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
     # A causal LM's rank goes where the next-token loss is predicted to fall fastest.
     plan = payload["plan"]
     assert plan["allocation"] == "fisher" and plan["predicted_loss"] > 0, plan.keys()
+    # --train-steps auto and --refine auto: for a causal LM, no trained step, no refinement.
+    assert (payload["train_steps"], payload["refine"]) == (0, "none")
     loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
         target, local_files_only=True, output_loading_info=True)
     assert type(loaded) is transformers.GPT2LMHeadModel and not info["missing_keys"]

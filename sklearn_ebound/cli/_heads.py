@@ -19,10 +19,14 @@ The budget is shared by ``--allocation``: for a causal language model by default
 ``fisher``, greedy on the next-token loss each head's error is predicted to cost (its Fisher
 weight, :func:`~sklearn_ebound.heads.head_sensitivity`, read on the calibration half), for
 any other model ``greedy`` on each head's own output error.
-``--refine sequential`` re-fits the compressed pairs layer by layer on the compressed model's
-own inputs (the calibration half) before saving; ``--refine distill`` trains them end to end
-against the original's output on the calibration half (the sentence embedding of a model
-without a language-model head, the next-token distributions of a causal language model).
+``--train-steps N`` trains the planned pairs (N L-BFGS steps each, on the calibration half)
+in a second pass; ``--refine sequential`` re-fits the compressed pairs layer by layer on the
+compressed model's own inputs (the calibration half) before saving; ``--refine distill``
+trains them end to end against the original's output on the calibration half (the sentence
+embedding of a model without a language-model head, the next-token distributions of a causal
+language model). Both default to ``auto`` (``resolve_auto``): for an encoder (any model
+but a causal language model) 15 steps and ``distill``, for a causal language model no
+trained step and no refinement.
 
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
@@ -31,6 +35,7 @@ a bar on a terminal and one line per layer otherwise (stderr).
 """
 
 import argparse
+import copy
 import functools
 import importlib.util
 import sys
@@ -66,6 +71,40 @@ def _layer_head(text):
     return layer, head
 
 
+def _steps(text):
+    """``--train-steps``: ``"auto"`` or an integer (an argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
+# What --train-steps auto and --refine auto mean for an encoder (a model that is not a
+# causal language model): on all-MiniLM-L6-v2 at a budget of 40%, calibrated on 200
+# docstring sentences, they lift the held-out embedding cosine (mean / min) from 0.983 /
+# 0.927 to 0.990 / 0.949 for about a minute more (docs: real_models).
+ENCODER_AUTO = {"train_steps": 15, "refine": "distill"}
+
+
+def resolve_auto(args, language_model):
+    """``args`` with ``--train-steps`` and ``--refine`` left at ``auto`` made concrete.
+
+    For an encoder, :data:`ENCODER_AUTO`; for a causal language model, no trained step and
+    no refinement. An explicit value is kept. Returns a copy; ``args`` is not changed.
+    """
+    if language_model:
+        auto = {"train_steps": 0, "refine": "none"}
+    else:
+        auto = ENCODER_AUTO
+    resolved = copy.copy(args)
+    for name, value in auto.items():
+        if getattr(resolved, name) == "auto":
+            setattr(resolved, name, value)
+    return resolved
+
+
 def add_heads_parser(commands):
     """Add the ``heads`` command to the ``ebound`` sub-command parsers; returns its parser."""
     parser = commands.add_parser(
@@ -81,7 +120,7 @@ def add_heads_parser(commands):
                              "the kernels only)")
     parser.add_argument("--head", type=_layer_head, default=(0, 0), metavar="LAYER.HEAD",
                         help="the head whose spectra are plotted (default: 0.0)")
-    parser.add_argument("--max-length", type=int, default=128,
+    parser.add_argument("--max-length", type=int, default=128, metavar="N",
                         help="tokens per line at most (default: %(default)s)")
     compress = parser.add_argument_group(
         "compression", "measure how much query-key rank each head needs on --text and save a "
@@ -97,16 +136,18 @@ def add_heads_parser(commands):
     which.add_argument("--eps", type=non_negative_float, metavar="E",
                        help="tolerance in (0, 1): each head's smallest rank of relative "
                             "output error <= E (no default)")
-    compress.add_argument("--train-steps", type=int, default=0, metavar="N",
-                          help="L-BFGS steps training the pairs (default: %(default)s)")
-    compress.add_argument("--refine", choices=("none", "sequential", "distill"),
-                          default="none", metavar="MODE",
-                          help="none, sequential or distill (default: %(default)s)")
+    compress.add_argument("--train-steps", type=_steps, default="auto", metavar="N",
+                          help="L-BFGS steps training the planned pairs; auto: "
+                               f"{ENCODER_AUTO['train_steps']}, 0 for LMs (default: %(default)s)")
+    compress.add_argument("--refine", choices=("auto", "none", "sequential", "distill"),
+                          default="auto", metavar="MODE",
+                          help=f"none, sequential or distill; auto: {ENCODER_AUTO['refine']}, "
+                               "none for LMs (default: %(default)s)")
     compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
                           default="auto", metavar="RULE",
                           help="greedy, fisher (next-token loss) or uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
-    compress.add_argument("--calibration", type=float, default=0.5,
+    compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
     parser.set_defaults(run=heads_command)
@@ -256,7 +297,7 @@ def _check_compress(args, texts):
         raise CLIError(f"--budget must be in (0, 1]. Got {args.budget}.")
     if args.eps is not None and not 0 < args.eps < 1:
         raise CLIError(f"--eps must be in (0, 1). Got {args.eps}.")
-    if args.train_steps < 0:
+    if args.train_steps != "auto" and args.train_steps < 0:
         raise CLIError(f"--train-steps must be >= 0. Got {args.train_steps}.")
     if not 0 < args.calibration < 1:
         raise CLIError(f"--calibration must be in (0, 1). Got {args.calibration}.")
@@ -280,6 +321,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
     language_model = is_language_model(model)
+    args = resolve_auto(args, language_model)
     if args.allocation == "fisher" and not language_model:
         raise CLIError("--allocation fisher prices the heads by a next-token loss: it needs a "
                        "causal language model with its head (use greedy or uniform)")
@@ -355,16 +397,31 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         "eps-ranks over heads (median, min, max):",
         result.summary().format(),
         f"Plan ({rule}, {goal}"
-        + (", the planned ranks trained" if args.train_steps else "")
-        + {"none": "", "sequential": ", refined layer by layer",
-           "distill": ", distilled end to end"}[args.refine]
+        + (f", the planned ranks trained ({args.train_steps} L-BFGS steps)"
+           if args.train_steps else "")
+        + _refine_words(args.refine, compressed)
         + f"): {plan.budget_used:.1%} of the full query-key rank "
         f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
     ]
-    payload = {"deficiency_summary": result.summary().to_dict(), "eps_ranks":
+    payload = {"train_steps": args.train_steps, "refine": args.refine,
+               "deficiency_summary": result.summary().to_dict(), "eps_ranks":
                heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
                "compressed_model": str(target), "files": [str(p) for p in files]}
     return report, payload
+
+
+def _refine_words(refine, compressed):
+    """The plan report's phrase for ``--refine``: what it did to the saved model."""
+    if refine == "sequential":
+        return ", refined layer by layer"
+    if refine != "distill":
+        return ""
+    history = compressed.distillation_
+    if history["best_epoch"] == 0:
+        return (", distillation tried (no epoch improved its validation loss: the pairs are "
+                "kept as they were)")
+    return (f", distilled end to end (best epoch {history['best_epoch']} of "
+            f"{len(history['validation_loss']) - 1})")
 
 
 _ALLOCATION_WORDS = {
