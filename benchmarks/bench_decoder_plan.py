@@ -22,6 +22,8 @@ subject, used by no step):
   ``--distill-epochs``, early stopping on a fifth of the calibration lines, an epoch that
   does not improve on them sending the columns back to the best state at a quarter of the
   rate);
+* for every row beside the package's ``uniform`` at the same budget, a 90% bootstrap
+  interval (over the held-out sentences, paired) of its perplexity ratio minus uniform's;
 * with ``--correlation``, how well each price predicts what the model loses: every layer
   truncated alone (each head at ``--correlation-rank`` of ``d_h``), its measured next-token
   KL on 16 held-out sentences against the Fisher prediction and the greedy's price
@@ -38,12 +40,49 @@ import json
 import time
 
 
+def _sentence_nll(model, texts, tokenizer):
+    """Each text's summed next-token negative log-likelihood, one text at a time."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=64)
+            logits = model(**ids).logits[0, :-1].double()
+            target = ids["input_ids"][0, 1:]
+            out.append(float(-torch.log_softmax(logits, -1)[torch.arange(len(target)),
+                                                            target].sum()))
+    return out
+
+
 def _measure(model, compressed, held, tokenizer, p0):
     from sklearn_ebound.heads import next_token_kl, perplexity
 
     p = perplexity(compressed, held, tokenizer, max_length=64)
     return {"perplexity_ratio": p / p0,
-            "kl": next_token_kl(model, compressed, held, tokenizer, max_length=64).mean_kl}
+            "kl": next_token_kl(model, compressed, held, tokenizer, max_length=64).mean_kl,
+            "sentence_nll": _sentence_nll(compressed, held, tokenizer)}
+
+
+def _paired_intervals(out, n_tokens, reference="uniform", n_boot=5000, seed=0):
+    """90% bootstrap intervals (over held-out sentences) of each row's perplexity ratio minus
+    the ``reference`` row's at the same budget."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    base = np.asarray(out["sentence_nll_original"])
+    draws = rng.integers(0, len(base), (n_boot, len(base)))
+    tokens = np.asarray(n_tokens)[draws].sum(1)
+
+    def ratios(nll):
+        return np.exp((np.asarray(nll)[draws].sum(1) - base[draws].sum(1)) / tokens)
+
+    refs = {r["budget"]: ratios(r["sentence_nll"]) for r in out["rows"]
+            if r["plan"] == reference}
+    for row in out["rows"]:
+        if row["plan"] != reference and row["budget"] in refs:
+            diff = ratios(row["sentence_nll"]) - refs[row["budget"]]
+            row[f"minus_{reference}_90"] = [float(np.quantile(diff, q)) for q in (0.05, 0.95)]
 
 
 def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
@@ -62,27 +101,40 @@ def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
             yield row
 
 
-def _plot(out, path):
-    """The budget-perplexity frontier of every row name, on a log scale."""
+LABELS = {"uniform": "data-aware, one rank (SVD-LLM-style)", "greedy": "greedy on head errors",
+          "fisher": "the plan (Fisher)", "fisher+distill": "the plan, distilled"}
+
+
+def _plot(out, path, clip=1.3):
+    """The frontier of every row name: perplexity ratio (ratios above ``clip`` are named in
+    the legend, off the scale) and mean next-token KL on a log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    names = list(dict.fromkeys(row["plan"] for row in out["rows"]))
-    for name in names:
+    fig, (ax_p, ax_k) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for name in dict.fromkeys(row["plan"] for row in out["rows"]):
         rows = sorted((r for r in out["rows"] if r["plan"] == name),
                       key=lambda r: r["budget_used"])
-        ax.plot([100 * r["budget_used"] for r in rows], [r["perplexity_ratio"] for r in rows],
-                marker="o", ms=4, label=name)
-    ax.set_yscale("log")
-    ax.set_xlabel("query-key rank kept (% of the full rank)")
-    ax.set_ylabel("held-out perplexity / original's")
-    ax.set_title(f"{out['model']}: {out['n_texts']} calibration lines, "
-                 f"{out['n_held_out']} held-out sentences", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+        x = [100 * r["budget_used"] for r in rows]
+        ratio = [r["perplexity_ratio"] for r in rows]
+        label = LABELS.get(name, name)
+        if max(ratio) > clip:
+            label += f" ({min(ratio):.1f}-{max(ratio):.1f}x: off the left scale)"
+        style = dict(marker="o", ms=4, lw=2.2 if name.startswith("fisher") else 1.2)
+        line, = ax_k.plot(x, [r["kl"] for r in rows], label=label, **style)
+        ax_p.plot(x, ratio, color=line.get_color(), **style)
+    ax_p.set_ylim(0.99, clip)
+    ax_p.set_ylabel("held-out perplexity / original's")
+    ax_k.set_yscale("log")
+    ax_k.set_ylabel("mean next-token KL to the original (nats per token)")
+    for ax in (ax_p, ax_k):
+        ax.set_xlabel("query-key rank kept (% of the full rank)")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_k.legend(fontsize=7)
+    fig.suptitle(f"{out['model']}: {out['n_texts']} calibration lines, "
+                 f"{out['n_held_out']} held-out sentences of another subject", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -117,6 +169,8 @@ def main(argv=None):
                         help="the distillation's learning rate; none: no distillation")
     parser.add_argument("--distill-epochs", type=int, default=6)
     parser.add_argument("--distill-budgets", default="0.4,0.6,0.8")
+    parser.add_argument("--plans", default="uniform,greedy,fisher",
+                        help="the package's plans to run")
     parser.add_argument("--peers", action="store_true",
                         help="also the literature's compressions at one rank")
     parser.add_argument("--correlation", action="store_true")
@@ -154,9 +208,12 @@ def main(argv=None):
     sens = head_sensitivity(model, cal, tokenizer=tokenizer)
     t_sens = time.perf_counter() - start - t_curves
     p0 = perplexity(model, held, tokenizer, max_length=64)
+    n_tokens = [len(tokenizer(t, truncation=True, max_length=64)["input_ids"]) - 1
+                for t in held]
     out = {"model": type(model).__name__, "n_texts": len(cal), "n_held_out": len(held),
            "perplexity_original": p0, "seconds_curves": t_curves,
-           "seconds_sensitivity": t_sens, "rows": []}
+           "seconds_sensitivity": t_sens, "rows": [],
+           "sentence_nll_original": _sentence_nll(model, held, tokenizer)}
     print(f"{out['model']}: curves {t_curves:.0f} s, Fisher weights {t_sens:.0f} s, "
           f"original perplexity {p0:.2f}", flush=True)
     distilled_at = {float(b) for b in args.distill_budgets.split(",")}
@@ -167,6 +224,8 @@ def main(argv=None):
         for name, kw in (("uniform", {"allocation": "uniform"}),
                          ("greedy", {"allocation": "greedy"}),
                          ("fisher", {"allocation": "fisher", "sensitivity": sens})):
+            if name not in args.plans.split(","):
+                continue
             plan = plan_ranks(result, budget=budget, method="data", **kw)
             compressed = compress_heads(model, result, plan, method="data")
             row = {"budget": budget, "plan": name, "budget_used": plan.budget_used,
@@ -188,6 +247,12 @@ def main(argv=None):
             out["rows"].append(row)
             print(f"{budget:.0%} fisher+distill {row['perplexity_ratio']:.3f}x  KL "
                   f"{row['kl']:.4f}  ({row['seconds']:.0f} s)", flush=True)
+    _paired_intervals(out, n_tokens)
+    for row in out["rows"]:
+        if "minus_uniform_90" in row:
+            lo, hi = row["minus_uniform_90"]
+            print(f"{row['budget']:.0%} {row['plan']:14s} minus uniform: 90% interval "
+                  f"[{lo:+.4f}, {hi:+.4f}]")
     if args.correlation:
         out["correlation"] = _correlation(model, result, sens, held[:16], tokenizer,
                                           args.correlation_rank)
@@ -199,6 +264,7 @@ def main(argv=None):
             json.dump(out, fh, indent=2)
     if args.plot:
         _plot(out, args.plot)
+    return out
 
 
 if __name__ == "__main__":

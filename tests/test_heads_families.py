@@ -322,6 +322,10 @@ def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
     assert plan["allocation"] == "fisher" and plan["predicted_loss"] > 0, plan.keys()
     # --train-steps auto and --refine auto: for a causal LM, no trained step, no refinement.
     assert (payload["train_steps"], payload["refine"]) == (0, "none")
+    # Only the data-aware curves are measured for a causal LM (the plan's form).
+    columns = set(payload["eps_ranks"]["rows"][0])
+    assert any(c.startswith("data_rank_") for c in columns)
+    assert not any(c.startswith("weight_rank_") for c in columns)
     loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
         target, local_files_only=True, output_loading_info=True)
     assert type(loaded) is transformers.GPT2LMHeadModel and not info["missing_keys"]
