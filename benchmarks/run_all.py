@@ -4,7 +4,8 @@
     python benchmarks/run_all.py --quick    # reduced sizes, a smoke run
 
 The GPU benchmark (``bench_attention_gpu.py``) is run on its own where CUDA is available; the
-accuracy runs (masks, tokens, power oracle, pretrained heads and their predictors) take minutes
+accuracy runs (masks, tokens, power oracle, pretrained heads and their predictors, the decoder
+plan and its peers, the default decoder run) take minutes
 to hours and are run on their own, each with its command in its docstring.
 """
 

@@ -356,3 +356,76 @@ def test_lack_of_fit_quick(load):
     assert len(report["overhead"]) == 8
     assert all(np.isfinite(row["ratio"]) and row["on_s"] > 0 for row in report["overhead"])
     assert all(0 <= row["check_share"] < np.inf for row in report["overhead"])
+
+
+def _tiny_llama_with_tokenizer(path=None):
+    """A tiny random LLaMA-style causal LM (2 key heads for 4 query heads, rotary, untied
+    head) and a word-level tokenizer, saved under ``path`` when given."""
+    import torch
+    import transformers
+    from conftest import word_level_tokenizer
+
+    from sklearn_ebound.heads import HELD_OUT_MODULES, docstring_sentences
+
+    texts = docstring_sentences(["json", "textwrap"])[:12] + docstring_sentences(
+        HELD_OUT_MODULES)[:6]
+    tokenizer = word_level_tokenizer(texts)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)).eval()
+    if path is not None:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return model, tokenizer, texts
+
+
+def test_decoder_peers_cut_what_they_say(load):
+    # Palu cuts each key head to rank r and leaves the queries; the kernel truncations map
+    # each query head to rank r and leave the keys; at the full rank all three are the model.
+    pytest.importorskip("transformers")
+    import torch
+
+    from sklearn_ebound.heads._head_forms import augmented_weights, layers_of
+
+    peers = load("_decoder_peers")
+    model, tokenizer, texts = _tiny_llama_with_tokenizer()
+    stats = peers.activation_statistics(model, texts[:8], tokenizer)
+    for s in stats.values():
+        assert np.all(s["mean_abs"] >= 0) and np.isclose(s["moment"][-1, -1], 1.0)
+        assert np.linalg.eigvalsh(s["moment"]).min() > -1e-8
+    ids = tokenizer(texts[8], return_tensors="pt")
+    with torch.no_grad():
+        reference = model(**ids).logits
+    before = model.state_dict()
+    for name, peer in peers.PEERS.items():
+        cut = peer(model, 3, stats)
+        changed = {k for k, v in cut.state_dict().items() if not torch.equal(v, before[k])}
+        side = "k_proj.weight" if name.startswith("Palu") else "q_proj.weight"
+        assert changed and all(k.endswith(side) for k in changed), (name, changed)
+        layers = layers_of(cut)[1]
+        for layer in layers:
+            wq, wk, _ = augmented_weights(layer)
+            for block in (wk if name.startswith("Palu") else wq):
+                assert np.linalg.matrix_rank(block, tol=1e-6 * np.abs(block).max()) <= 3
+        with torch.no_grad():
+            full = peer(model, layers[0].head_dim, stats)(**ids).logits
+        np.testing.assert_allclose(full.numpy(), reference.numpy(), atol=2e-4, rtol=1e-4)
+
+
+def test_decoder_plan_quick(load, tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    _tiny_llama_with_tokenizer(tmp_path / "lm")
+    bench = load("bench_decoder_plan")
+    out = bench.main(["--model-dir", str(tmp_path / "lm"), "--n-texts", "8",
+                      "--n-held-out", "4", "--budgets", "0.5", "--peers",
+                      "--plot", str(tmp_path / "frontier.png")])
+    plans = {row["plan"] for row in out["rows"]}
+    assert plans == {"weight SVD", "ASVD", "Palu (key groups)", "uniform", "greedy", "fisher"}
+    for row in out["rows"]:
+        assert row["perplexity_ratio"] > 0 and row["kl"] >= 0 and len(row["sentence_nll"]) == 4
+        if row["plan"] != "uniform":
+            lo, hi = row["minus_uniform_90"]
+            assert lo <= hi
+    assert (tmp_path / "frontier.png").stat().st_size > 0
