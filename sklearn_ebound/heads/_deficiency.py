@@ -148,68 +148,116 @@ def train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
     Returns ``(eval error, per-sequence residual-stream error on eval, W~_Q', W~_K')`` (the
     second as in :func:`_head_curve`, NaN without ``wo``).
     """
-    torch = require("torch")
-    from ..nn import LowRankAttention
-
     parts = {"cal": cal} if ev is None else {"cal": cal, "eval": ev}
     if val is not None:
         parts["val"] = val
-    reference = {} if reference is None else reference
-    d1 = wq.shape[0]
-    module = LowRankAttention(d1, rank=r, attention="softmax", value=wv.T,
-                              logit_scale=math.sqrt(d1) / math.sqrt(d_h)).double()
     if start is None:
         cols = forms.columns(r)
         start = wq @ forms.A_Q[:, cols], wk @ forms.A_K[:, cols]
-    with torch.no_grad():
-        module.W_Q.copy_(torch.as_tensor(start[0]))
-        module.W_K.copy_(torch.as_tensor(start[1]))
-    wq_t, wk_t = torch.as_tensor(wq), torch.as_tensor(wk)
-    scale = module.logit_scale / math.sqrt(module.n_features)
-
-    def outputs(g):
-        X = g["X"]
-        return (torch.softmax((X @ module.W_Q @ (X @ module.W_K).transpose(-1, -2) * scale)
-                              .masked_fill(~g["mask"], -torch.inf), -1) @ module.value_map(X))
-
-    targets, den = {}, {}
-    for name, batches in parts.items():
-        source = reference.get(name, batches)
-        with torch.no_grad():
-            targets[name] = [attend(g["X"] @ wq_t, g["X"] @ wk_t, module.value_map(g["X"]),
-                                     g["mask"], d_h) for g in source.groups]
-        den[name] = sum(float(torch.sum((t * g["valid"][..., None]) ** 2))
-                        for t, g in zip(targets[name], batches.groups, strict=True))
-
-    # per-text energies of the targets, for the loss that weighs every text alike
-    text_den = {name: [torch.clamp(torch.sum((t * g["valid"][..., None]) ** 2, (1, 2)),
-                                   min=1e-300) for t, g in zip(targets[name], b.groups,
-                                                               strict=True)]
-                for name, b in parts.items()}
-
-    def loss_of(name, by_text=False):
-        total = 0.0
-        for i, (t, g) in enumerate(zip(targets[name], parts[name].groups, strict=True)):
-            err = ((outputs(g) - t) * g["valid"][..., None]) ** 2
-            total = total + (torch.sum(err.sum((1, 2)) / text_den[name][i]) if by_text
-                             else torch.sum(err))
-        return total / (parts[name].n_sequences if by_text else den[name])
-
-    if penalty > 0:  # the full form and its energy in the metric
-        lq, lk = (torch.as_tensor(root) for root in roots)
-        full_q, full_k = lq.T @ wq_t, lk.T @ wk_t
-        full = full_q @ full_k.T
-        full_energy = torch.sum(full ** 2)
+    fit = _PairFit(parts, wq, wk, wv, r, d_h, start, reference or {})
+    pull = _logit_pull(fit.module, wq, wk, roots) if penalty > 0 else None
 
     def objective():
-        loss = loss_of("cal", weighting == "texts")
-        if penalty > 0:
-            form = (lq.T @ module.W_Q) @ (lk.T @ module.W_K).T
-            loss = loss + penalty * torch.sum((form - full) ** 2) / full_energy
-        return loss
+        loss = fit.loss("cal", weighting == "texts")
+        return loss if pull is None else loss + penalty * pull()
 
+    # Without early stopping: keep the start if training did not lower the objective; with
+    # it: keep the iterate with the lowest error on the validation texts.
+    score = objective if val is None else (lambda: fit.loss("val", weighting == "texts"))
+    _minimise(fit.module, objective, score, steps, early_stopping=val is not None)
+    if ev is None:
+        return (np.nan, None, *fit.pair())
+    return (fit.error("eval"), fit.stream_errors(ev, wo), *fit.pair())
+
+
+class _PairFit:
+    """A rank-``r`` pair in training: its module, the full head's targets on each part, and
+    the relative output errors (summed over tokens, or averaged over texts) it is fit by."""
+
+    def __init__(self, parts, wq, wk, wv, r, d_h, start, reference):
+        torch = require("torch")
+        from ..nn import LowRankAttention
+
+        self.parts = parts
+        d1 = wq.shape[0]
+        self.module = LowRankAttention(d1, rank=r, attention="softmax", value=wv.T,
+                                       logit_scale=math.sqrt(d1) / math.sqrt(d_h)).double()
+        with torch.no_grad():
+            self.module.W_Q.copy_(torch.as_tensor(start[0]))
+            self.module.W_K.copy_(torch.as_tensor(start[1]))
+        self.scale = self.module.logit_scale / math.sqrt(self.module.n_features)
+        wq_t, wk_t = torch.as_tensor(wq), torch.as_tensor(wk)
+        self.targets, self.den, self.text_den = {}, {}, {}
+        for name, batches in parts.items():
+            source = reference.get(name, batches)
+            with torch.no_grad():
+                self.targets[name] = [attend(g["X"] @ wq_t, g["X"] @ wk_t,
+                                             self.module.value_map(g["X"]), g["mask"], d_h)
+                                      for g in source.groups]
+            pairs = list(zip(self.targets[name], batches.groups, strict=True))
+            self.den[name] = sum(float(torch.sum((t * g["valid"][..., None]) ** 2))
+                                 for t, g in pairs)
+            # per-text energies of the targets, for the loss that weighs every text alike
+            self.text_den[name] = [torch.clamp(torch.sum((t * g["valid"][..., None]) ** 2,
+                                                         (1, 2)), min=1e-300)
+                                   for t, g in pairs]
+
+    def outputs(self, g):
+        torch = require("torch")
+        X, m = g["X"], self.module
+        logits = X @ m.W_Q @ (X @ m.W_K).transpose(-1, -2) * self.scale
+        return torch.softmax(logits.masked_fill(~g["mask"], -torch.inf), -1) @ m.value_map(X)
+
+    def loss(self, name, by_text=False):
+        torch = require("torch")
+        part, total = self.parts[name], 0.0
+        for i, (t, g) in enumerate(zip(self.targets[name], part.groups, strict=True)):
+            err = ((self.outputs(g) - t) * g["valid"][..., None]) ** 2
+            total = total + (torch.sum(err.sum((1, 2)) / self.text_den[name][i]) if by_text
+                             else torch.sum(err))
+        return total / (part.n_sequences if by_text else self.den[name])
+
+    def error(self, name):
+        with require("torch").no_grad():
+            return float(self.loss(name))
+
+    def stream_errors(self, ev, wo):
+        """Each evaluation sequence's error in the residual stream (NaN without ``wo``)."""
+        torch = require("torch")
+        per_seq = np.full(ev.n_sequences, np.nan)
+        if wo is not None:
+            root = torch.as_tensor(_stream_root(wo))
+            with torch.no_grad():
+                for t, g in zip(self.targets["eval"], ev.groups, strict=True):
+                    per_seq[g["index"]] = ev.per_sequence(g, ((self.outputs(g) - t) @ root) ** 2)
+        return per_seq
+
+    def pair(self):
+        return (self.module.W_Q.detach().numpy().copy(),
+                self.module.W_K.detach().numpy().copy())
+
+
+def _logit_pull(module, wq, wk, roots):
+    """The pair's squared logit departure from the full form in the metric ``roots``,
+    relative to the full form's own energy (a callable)."""
+    torch = require("torch")
+    lq, lk = (torch.as_tensor(root) for root in roots)
+    full = (lq.T @ torch.as_tensor(wq)) @ (lk.T @ torch.as_tensor(wk)).T
+    full_energy = torch.sum(full ** 2)
+
+    def pull():
+        form = (lq.T @ module.W_Q) @ (lk.T @ module.W_K).T
+        return torch.sum((form - full) ** 2) / full_energy
+    return pull
+
+
+def _minimise(module, objective, score, steps, *, early_stopping):
+    """L-BFGS on ``objective`` over the pair; the iterate of the lowest ``score`` is left in
+    ``module`` (the start included). Without early stopping one call runs ``steps``
+    iterations; with it, ``steps`` calls of one iteration each, scored after each."""
+    torch = require("torch")
     optimizer = torch.optim.LBFGS([module.W_Q, module.W_K],
-                                  max_iter=steps if val is None else 1,
+                                  max_iter=1 if early_stopping else steps,
                                   line_search_fn="strong_wolfe", tolerance_grad=1e-12,
                                   tolerance_change=1e-14, history_size=20)
 
@@ -223,31 +271,16 @@ def train_head(cal, ev, wq, wk, wv, forms, r, d_h, steps, wo=None, *, val=None,
         return module.W_Q.detach().clone(), module.W_K.detach().clone()
 
     with torch.no_grad():
-        # without early stopping: keep the start if training did not lower the objective;
-        # with it: keep the iterate with the lowest error on the validation texts
-        score = ((lambda: float(objective())) if val is None
-                 else (lambda: float(loss_of("val", weighting == "texts"))))
-        best, best_pair = score(), snapshot()
-    for _ in range(1 if val is None else steps):
-        optimizer.step(closure)  # one call runs `steps` iterations, or one with `val`
+        best, best_pair = float(score()), snapshot()
+    for _ in range(steps if early_stopping else 1):
+        optimizer.step(closure)
         with torch.no_grad():
-            current = score()
+            current = float(score())
         if current < best:
             best, best_pair = current, snapshot()
     with torch.no_grad():
         module.W_Q.copy_(best_pair[0])
         module.W_K.copy_(best_pair[1])
-        if ev is None:
-            return (np.nan, None, module.W_Q.detach().numpy().copy(),
-                    module.W_K.detach().numpy().copy())
-        error = float(loss_of("eval"))
-        per_seq = np.full(ev.n_sequences, np.nan)
-        if wo is not None:
-            root = torch.as_tensor(_stream_root(wo))
-            for t, g in zip(targets["eval"], ev.groups, strict=True):
-                per_seq[g["index"]] = ev.per_sequence(g, ((outputs(g) - t) @ root) ** 2)
-    return (error, per_seq, module.W_Q.detach().numpy().copy(),
-            module.W_K.detach().numpy().copy())
 
 
 def eps_rank(curve, eps):
