@@ -88,8 +88,10 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
     ``wo``).
     """
     torch = require("torch")
-    wq_b = torch.as_tensor(wq @ forms.A_Q)
-    wk_b = torch.as_tensor(wk @ forms.A_K)
+    if forms.rotary:  # each rank's map on the query before its rotation
+        maps = [torch.as_tensor(forms.query_map(r)) for r in ranks]
+    else:
+        wq_b, wk_b = torch.as_tensor(wq @ forms.A_Q), torch.as_tensor(wk @ forms.A_K)
     wq_t, wk_t, wv_t = (torch.as_tensor(w) for w in (wq, wk, wv))
     root = _stream_root(wo)
     root_t = None if root is None else torch.as_tensor(root)
@@ -110,7 +112,7 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
             q, k = X @ wq_b, X @ wk_b
         for i, r in enumerate(ranks):
             if forms.rotary:
-                qc = rotate(q @ torch.as_tensor(forms.query_map(r)), g["cos"], g["sin"])
+                qc = rotate(q @ maps[i], g["cos"], g["sin"])
                 kc = k
             else:
                 qc = q[..., :r] if r else torch.zeros_like(q[..., :1])
