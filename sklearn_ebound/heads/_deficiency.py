@@ -420,9 +420,9 @@ def _factors(wq, wk, forms, rank, pair=None):
     if pair is not None:
         out_q[:, :rank], out_k[:, :rank] = pair
         return out_q, out_k
-    cols = forms.columns(rank)
     if forms.rotary:  # the query mapped before its rotation; keys untouched
         return wq @ forms.query_map(rank), wk.copy()
+    cols = forms.columns(rank)
     out_q[:, :len(cols)] = wq @ forms.A_Q[:, cols]
     out_k[:, :len(cols)] = wk @ forms.A_K[:, cols]
     return out_q, out_k
