@@ -215,11 +215,12 @@ def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys, refi
 
 
 def test_heads_auto_defaults_resolve_by_model_kind():
-    # --train-steps and --refine default to auto: resolved once the model is loaded, the
-    # encoder setting for a model that is not a causal LM, no training nor refinement for a
-    # causal LM; an explicit value wins either way, and the parsed arguments stay as given.
+    # --train-steps, --refine and --refit default to auto: resolved once the model is
+    # loaded, the encoder setting for a model that is not a causal LM, no training,
+    # refinement nor refit for a causal LM; an explicit value wins either way, and the parsed
+    # arguments stay as given.
     transformers = pytest.importorskip("transformers")
-    from sklearn_ebound.cli._heads import ENCODER_AUTO, resolve_auto
+    from sklearn_ebound.cli._heads import ENCODER_AUTO, LANGUAGE_MODEL_AUTO, resolve_auto
     from sklearn_ebound.heads import is_language_model
 
     encoder = transformers.BertModel(transformers.BertConfig(
@@ -229,43 +230,88 @@ def test_heads_auto_defaults_resolve_by_model_kind():
                                                               vocab_size=20))
     assert not is_language_model(encoder) and is_language_model(lm)
     base = ["heads", "m", "--text", "t.txt", "--compress", "o", "--budget", "0.4"]
+    names = ("train_steps", "refine", "refit")
+
+    def resolved_values(args, language_model):
+        resolved = resolve_auto(args, language_model)
+        return tuple(getattr(resolved, name) for name in names)
+
     args = build_parser().parse_args(base)
-    assert (args.train_steps, args.refine) == ("auto", "auto")
-    assert ENCODER_AUTO == {"train_steps": 15, "refine": "distill"}
-    resolved = resolve_auto(args, is_language_model(encoder))
-    assert (resolved.train_steps, resolved.refine) == (15, "distill")
-    resolved = resolve_auto(args, is_language_model(lm))
-    assert (resolved.train_steps, resolved.refine) == (0, "none")
-    assert (args.train_steps, args.refine) == ("auto", "auto")
-    for extra, expected in [(["--train-steps", "0", "--refine", "none"], (0, "none")),
+    assert tuple(getattr(args, name) for name in names) == ("auto",) * 3
+    assert ENCODER_AUTO == {"train_steps": 15, "refine": "distill", "refit": "all"}
+    assert LANGUAGE_MODEL_AUTO == {"train_steps": 0, "refine": "none", "refit": "none"}
+    assert resolved_values(args, is_language_model(encoder)) == (15, "distill", "all")
+    assert resolved_values(args, is_language_model(lm)) == (0, "none", "none")
+    assert tuple(getattr(args, name) for name in names) == ("auto",) * 3
+    for extra, expected in [(["--train-steps", "0", "--refine", "none", "--refit", "none"],
+                             (0, "none", "none")),
                             (["--train-steps", "4", "--refine", "sequential"],
-                             (4, "sequential")),
-                            (["--train-steps", "0"], {False: (0, "distill"),
-                                                      True: (0, "none")}),
-                            (["--refine", "distill"], {False: (15, "distill"),
-                                                       True: (0, "distill")}),
-                            (["--train-steps", "auto", "--refine", "auto"],
-                             {False: (15, "distill"), True: (0, "none")})]:
+                             {False: (4, "sequential", "all"),
+                              True: (4, "sequential", "none")}),
+                            (["--train-steps", "0"], {False: (0, "distill", "all"),
+                                                      True: (0, "none", "none")}),
+                            (["--refine", "distill", "--refit", "all"],
+                             {False: (15, "distill", "all"), True: (0, "distill", "all")}),
+                            (["--train-steps", "auto", "--refine", "auto", "--refit", "auto"],
+                             {False: (15, "distill", "all"), True: (0, "none", "none")})]:
         explicit = build_parser().parse_args(base + extra)
         for language_model in (False, True):
             want = expected[language_model] if isinstance(expected, dict) else expected
-            resolved = resolve_auto(explicit, language_model)
-            assert (resolved.train_steps, resolved.refine) == want, (extra, language_model)
+            assert resolved_values(explicit, language_model) == want, (extra, language_model)
     with pytest.raises(SystemExit):
         build_parser().parse_args(base + ["--train-steps", "many"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(base + ["--refit", "half"])
+
+
+def test_heads_compress_refit_writes_the_fit_on_every_line(tiny_bert_with_tokenizer, tmp_path,
+                                                           capsys):
+    # --refit all (an encoder's auto) writes the planned heads fitted again on every line of
+    # the text: exactly refit_heads with the plan the split chose; the report's measure is
+    # the split's (the same with --refit none, which writes the model measured).
+    transformers = pytest.importorskip("transformers")
+    from sklearn_ebound.heads import refit_heads
+
+    model_dir, text = tiny_bert_with_tokenizer
+    runs = {}
+    for mode in ("all", "none"):
+        target, out = tmp_path / mode, tmp_path / f"o-{mode}"
+        assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
+                     "--budget", "0.5", "--train-steps", "2", "--refine", "none", "--refit",
+                     mode, "--json", "--out", str(out)]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        runs[mode] = payload, transformers.AutoModel.from_pretrained(
+            target, local_files_only=True).state_dict()
+    (fit_all, written), (fit_split, measured) = runs["all"], runs["none"]
+    assert fit_all["refit"] == "all" and fit_split["refit"] == "none"
+    lines = [line.strip() for line in text.read_text().splitlines() if line.strip()]
+    assert fit_all["fidelity"]["refit_lines"] == len(lines)
+    assert "refit_lines" not in fit_split["fidelity"]
+    assert fit_all["fidelity"]["mean"] == fit_split["fidelity"]["mean"]
+    model = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    plan = {(row["layer"], row["head"]): row["rank"] for row in fit_all["plan"]["rows"]}
+    expected = refit_heads(model, plan, lines, tokenizer=tokenizer, train_steps=2,
+                           max_length=128).state_dict()
+    assert all(np.array_equal(v.numpy(), written[k].numpy()) for k, v in expected.items())
+    assert any(not np.array_equal(v.numpy(), measured[k].numpy()) for k, v in written.items())
 
 
 def test_heads_compress_auto_defaults_on_an_encoder(tiny_bert_with_tokenizer, tmp_path,
                                                     capsys):
-    # With no --train-steps nor --refine, an encoder's planned pairs are trained and then
-    # distilled, and the plan's report line says so.
+    # With no --train-steps, --refine nor --refit, an encoder's planned pairs are trained and
+    # then distilled, measured, and fitted again on every line; the report says so.
     model_dir, text = tiny_bert_with_tokenizer
     assert _run(["heads", str(model_dir), "--text", str(text), "--compress",
                  str(tmp_path / "m"), "--budget", "0.5", "--out", str(tmp_path / "o")]) == 0
-    plan_line = next(line for line in capsys.readouterr().out.splitlines()
-                     if line.startswith("Plan ("))
+    report = capsys.readouterr().out.splitlines()
+    plan_line = next(line for line in report if line.startswith("Plan ("))
     assert "the planned ranks trained (15 L-BFGS steps)" in plan_line
     assert "distilled end to end" in plan_line or "distillation tried" in plan_line
+    n_lines = sum(1 for line in text.read_text().splitlines() if line.strip())
+    written = report[report.index(plan_line) + 1]
+    assert written.startswith(f"Written model: the plan's heads fitted again on all {n_lines} "
+                              "lines (15 L-BFGS steps)")
 
 
 def test_heads_compress_eps_report(tiny_bert_with_tokenizer, tmp_path, capsys):

@@ -30,6 +30,7 @@ from sklearn_ebound.heads import (
     plan_ranks,
     predictor_agreement,
     refine_compressed,
+    refit_heads,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -490,7 +491,7 @@ def test_calibration_and_held_out_modules_are_disjoint():
     assert all(6 <= len(s.split()) <= 40 for s in wide)
 
 
-@pytest.mark.parametrize("module", ["_deficiency", "_compression", "_text"])
+@pytest.mark.parametrize("module", ["_deficiency", "_compression", "_refit", "_text"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -702,6 +703,59 @@ def test_refinement_skips_rotary_heads_and_checks_its_input(word_tokenizer, bert
         ({"max_length": 1.5}, ValueError, "`max_length` must be a positive integer"),
         ({"train_weighting": "heads"}, ValueError, "`train_weighting` must be 'tokens'"),
     ), "Rotary heads are not refined")
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_refit_on_the_calibration_part_is_the_split_fit(word_tokenizer, kind):
+    # refit_heads on the texts a split calibrated on writes exactly what compress_heads
+    # writes from that split's forms and trained pairs (rotary heads: the form, untrained);
+    # on every text it writes other pairs, changes only the query and key maps of the planned
+    # heads, and leaves the model as it was.
+    model = tiny(kind, lm=kind == "llama")
+    tokenizer = word_tokenizer(60)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ranks = (1, 3, 0, 2)[:model.config.num_attention_heads]  # rank 0 kept as planned too
+    plan = {(layer, head): rank for layer in range(2) for head, rank in enumerate(ranks)}
+    result = head_deficiency(model, TEXTS, tokenizer=tokenizer, train_at=plan, train_steps=3)
+    calibration = [TEXTS[i] for i in result.calibration_index]
+    for method, steps in (("data", 0), ("trained", 3)):
+        split = compress_heads(model, result, plan, method=method).state_dict()
+        refit = refit_heads(model, plan, calibration, tokenizer=tokenizer, train_steps=steps)
+        assert all(torch.equal(v, refit.state_dict()[k]) for k, v in split.items()), method
+    calls = []
+    refit = refit_heads(model, plan, TEXTS, tokenizer=tokenizer, train_steps=3,
+                        progress=lambda i, n: calls.append((i, n))).state_dict()
+    assert calls[-1] == (len(plan), len(plan))
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    changed = {k for k, v in before.items() if not torch.equal(v, refit[k])}
+    assert changed and all(k.endswith(("query.weight", "query.bias", "key.weight",
+                                       "key.bias", "q_proj.weight", "k_proj.weight"))
+                           for k in changed)
+    assert any(not torch.equal(v, refit[k]) for k, v in split.items())
+    from sklearn_ebound.heads._head_forms import augmented_weights, layers_of
+
+    _, layers, _ = layers_of(refit_heads(model, plan, TEXTS, tokenizer=tokenizer))
+    for (layer, head), rank in plan.items():
+        wq, _, _ = augmented_weights(layers[layer])  # float32 weights: a relative tolerance
+        assert np.linalg.matrix_rank(wq[head], tol=1e-5 * np.abs(wq[head]).max()) <= rank
+
+
+def test_refit_checks_its_input(word_tokenizer):
+    model, tokenizer = tiny("bert"), word_tokenizer(60)
+    for bad, error, match in (
+            ({"train_steps": -1}, ValueError, "`train_steps` must be a non-negative integer"),
+            ({"shrinkage": 2.0}, ValueError, "`shrinkage` must be a float in"),
+            ({"train_weighting": "heads"}, ValueError, "`train_weighting` must be 'tokens'"),
+            ({"batch_size": 0}, ValueError, "`batch_size` must be a positive integer"),
+            ({"progress": 3}, TypeError, "`progress` must be callable"),
+            ({"plan": {(0, 9): 2}}, ValueError, "`plan` names head 0.9"),
+            ({"plan": {(0, 0): 99}}, ValueError, "`plan`: rank 99 of head 0.0"),
+            ({"plan": {0: 2}}, ValueError, "`plan` keys must be"),
+            ({"plan": 3}, TypeError, "`plan` must be a plan_ranks table"),
+            ({"texts": "one text"}, TypeError, "`texts` must be a list of strings")):
+        args = dict(plan={(0, 0): 1}, texts=TEXTS) | bad
+        with pytest.raises(error, match=match):
+            refit_heads(model, args.pop("plan"), args.pop("texts"), tokenizer=tokenizer, **args)
 
 
 def _mean_embedding_cosine(model, other, texts, tokenizer):

@@ -24,9 +24,13 @@ in a second pass; ``--refine sequential`` re-fits the compressed pairs layer by 
 compressed model's own inputs (the calibration half) before saving; ``--refine distill``
 trains them end to end against the original's output on the calibration half (the sentence
 embedding of a model without a language-model head, the next-token distributions of a causal
-language model). Both default to ``auto`` (``resolve_auto``): for an encoder (any model
-but a causal language model) 15 steps and ``distill``, for a causal language model no
-trained step and no refinement.
+language model). ``--refit all`` then fits the written model again the same way on every
+line of the text (:func:`~sklearn_ebound.heads.refit_heads`, and the refinement on all
+lines), once the split has chosen the plan and measured it: the report's measure, of the
+fit on the calibration half, estimates the written model's on new text (``--refit none``
+writes the model measured). All three default to ``auto`` (``resolve_auto``): for an
+encoder (any model but a causal language model) 15 steps, ``distill`` and ``all``, for a
+causal language model no trained step, no refinement and no refit.
 
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
@@ -81,23 +85,25 @@ def _steps(text):
         raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
 
 
-# What --train-steps auto and --refine auto mean for an encoder (a model that is not a
+# What --train-steps, --refine and --refit auto mean for an encoder (a model that is not a
 # causal language model): on all-MiniLM-L6-v2 at a budget of 40%, calibrated on 200
-# docstring sentences, they lift the held-out embedding cosine (mean / min) from 0.983 /
-# 0.927 to 0.990 / 0.949 for about a minute more (docs: real_models).
-ENCODER_AUTO = {"train_steps": 15, "refine": "distill"}
+# docstring sentences, the trained pairs and the distillation lift the held-out embedding
+# cosine (mean / min) from 0.983 / 0.927 to 0.990 / 0.949, and the refit on all the lines
+# the minimum further (docs: real_models, "The command's defaults on a small text").
+ENCODER_AUTO = {"train_steps": 15, "refine": "distill", "refit": "all"}
+LANGUAGE_MODEL_AUTO = {"train_steps": 0, "refine": "none", "refit": "none"}
 
 
 def resolve_auto(args, language_model):
-    """``args`` with ``--train-steps`` and ``--refine`` left at ``auto`` made concrete.
+    """``args`` with ``--train-steps``, ``--refine`` and ``--refit`` left at ``auto`` made
+    concrete.
 
-    For an encoder, :data:`ENCODER_AUTO`; for a causal language model, no trained step and
-    no refinement. An explicit value is kept. Returns a copy; ``args`` is not changed.
+    For an encoder, :data:`ENCODER_AUTO`; for a causal language model,
+    :data:`LANGUAGE_MODEL_AUTO` (no trained step, no refinement, no refit: its long step is
+    the curves, and a refit would read every layer's inputs again). An explicit value is
+    kept. Returns a copy; ``args`` is not changed.
     """
-    if language_model:
-        auto = {"train_steps": 0, "refine": "none"}
-    else:
-        auto = ENCODER_AUTO
+    auto = LANGUAGE_MODEL_AUTO if language_model else ENCODER_AUTO
     resolved = copy.copy(args)
     for name, value in auto.items():
         if getattr(resolved, name) == "auto":
@@ -143,6 +149,11 @@ def add_heads_parser(commands):
                           default="auto", metavar="MODE",
                           help=f"none, sequential or distill; auto: {ENCODER_AUTO['refine']}, "
                                "none for LMs (default: %(default)s)")
+    compress.add_argument("--refit", choices=("auto", "all", "none"), default="auto",
+                          metavar="MODE",
+                          help="all: the written model fitted again on every line once the "
+                               "split has measured it; none: the model measured; auto: "
+                               f"{ENCODER_AUTO['refit']}, none for LMs (default: %(default)s)")
     compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
                           default="auto", metavar="RULE",
                           help="greedy, fisher (next-token loss) or uniform; auto: "
@@ -310,13 +321,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``."""
     import numpy as np
 
-    from ..heads import (
-        compress_heads,
-        distill_compressed,
-        head_deficiency,
-        is_language_model,
-        refine_compressed,
-    )
+    from ..heads import compress_heads, head_deficiency, is_language_model, refit_heads
 
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
@@ -346,25 +351,27 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
                             texts, train_at=plan, train_steps=args.train_steps, **common)
         kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
-    compressed = compress_heads(model, result, plan, method=method)
-    if args.refine == "sequential":
-        compressed = refine_compressed(model, compressed, plan, calibration,
-                                       tokenizer=tokenizer, train_steps=args.train_steps or 15,
-                                       max_length=args.max_length,
-                                       progress=Progress("refining heads"))
-    elif args.refine == "distill":
-        bar = Progress("distilling (epochs)")
-        compressed = distill_compressed(
-            model, compressed, plan, calibration, tokenizer=tokenizer,
-            objective="next_token" if language_model else "embedding",
-            max_length=args.max_length, random_state=args.seed, progress=bar)
-        bar(1, 1)  # early stopping may end before the last epoch
-    target = Path(args.compress)
-    target.mkdir(parents=True, exist_ok=True)
-    compressed.save_pretrained(target)
-    tokenizer.save_pretrained(target)
+    compressed = _refined(args, model, tokenizer, compress_heads(model, result, plan,
+                                                                 method=method),
+                          plan, calibration, language_model)
     evaluation = [texts[i] for i in result.evaluation_index]
     fidelity, measured = _fidelity(model, compressed, evaluation, tokenizer, args.max_length)
+    written, refit_line = compressed, []
+    if args.refit == "all":  # the same fit on every line, now that the split has judged it
+        written = _refined(args, model, tokenizer, refit_heads(
+            model, plan, texts, tokenizer=tokenizer, train_steps=args.train_steps,
+            max_length=args.max_length, progress=Progress("refitting heads")),
+            plan, texts, language_model)
+        fidelity["refit_lines"] = len(texts)
+        refit_line = [f"Written model: the plan's heads fitted again on all {len(texts)} lines"
+                      + (f" ({args.train_steps} L-BFGS steps)" if args.train_steps else "")
+                      + _refine_words(args.refine, written) + "; the measure above, of the "
+                      "same fit on the calibration half, estimates its fidelity on new text "
+                      "(--refit none writes the model measured)."]
+    target = Path(args.compress)
+    target.mkdir(parents=True, exist_ok=True)
+    written.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     eps_table = result.eps_ranks()
     trained_curves = result.curves("trained")
     planned = {(r["layer"], r["head"]): r for r in plan.rows}
@@ -407,12 +414,33 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         + _refine_words(args.refine, compressed)
         + f"): {plan.budget_used:.1%} of the full query-key rank "
         f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
+        *refit_line,
     ]
-    payload = {"train_steps": args.train_steps, "refine": args.refine,
+    payload = {"train_steps": args.train_steps, "refine": args.refine, "refit": args.refit,
                "deficiency_summary": result.summary().to_dict(), "eps_ranks":
                heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
                "compressed_model": str(target), "files": [str(p) for p in files]}
     return report, payload
+
+
+def _refined(args, model, tokenizer, compressed, plan, texts, language_model):
+    """``compressed`` after ``--refine`` on ``texts`` (as it is for ``none``)."""
+    from ..heads import distill_compressed, refine_compressed
+
+    if args.refine == "sequential":
+        return refine_compressed(model, compressed, plan, texts, tokenizer=tokenizer,
+                                 train_steps=args.train_steps or 15,
+                                 max_length=args.max_length,
+                                 progress=Progress("refining heads"))
+    if args.refine != "distill":
+        return compressed
+    bar = Progress("distilling (epochs)")
+    distilled = distill_compressed(
+        model, compressed, plan, texts, tokenizer=tokenizer,
+        objective="next_token" if language_model else "embedding",
+        max_length=args.max_length, random_state=args.seed, progress=bar)
+    bar(1, 1)  # early stopping may end before the last epoch
+    return distilled
 
 
 def _refine_words(refine, compressed):

@@ -8,8 +8,9 @@ or of a plain state dict, and, given text, the logit field the head produces on 
 :func:`head_sensitivity` prices each head's output error in a causal language model's loss
 (its Fisher weight); :func:`head_predictors` and :func:`predictor_agreement` set the rank
 predictors against those needs; :func:`plan_ranks` and :func:`compress_heads` turn the
-curves into a compressed model (:func:`refine_compressed` re-fits its pairs layer by layer
-on its own inputs,
+curves into a compressed model (:func:`refit_heads` fits the planned heads again on all the
+text once a split has judged the plan, :func:`refine_compressed` re-fits its pairs layer by
+layer on its own inputs,
 :func:`distill_compressed` trains them end to end against the original's output),
 :func:`compression_frontier`, :func:`embedding_fidelity` (an encoder), :func:`perplexity`
 and :func:`next_token_kl` (a causal language model, :func:`is_language_model`) measure it end
@@ -36,6 +37,7 @@ from ._inputs import load_pretrained
 from ._planning import plan_ranks
 from ._predictors import head_predictors, predictor_agreement
 from ._ranks import HeadRankResult, head_ranks
+from ._refit import refit_heads
 from ._sensitivity import HeadSensitivityResult, head_sensitivity
 from ._text import (
     CALIBRATION_MODULES,
@@ -58,6 +60,7 @@ __all__ = [
     "plan_ranks",
     "compress_heads",
     "refine_compressed",
+    "refit_heads",
     "distill_compressed",
     "compression_frontier",
     "embedding_fidelity",

@@ -94,6 +94,29 @@ def _plan_ranks_of(plan, name="plan"):
                         f"rank}}. Got {type(plan).__name__} instead.") from exc
 
 
+def checked_plan(plan, layers):
+    """``{layer index: [(head, rank), ...]}`` of ``plan`` (every rank, 0 and ``d_h``
+    included), each key and rank checked against the model's ``layers``."""
+    ranks = _plan_ranks_of(plan)
+    indices = sorted(layer.index for layer in layers)
+    d_h, n_heads = layers[0].head_dim, layers[0].n_heads
+    todo = {}
+    for key, rank in ranks.items():
+        try:
+            layer_index, head = (int(k) for k in key)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"`plan` keys must be (layer, head) pairs. Got {key!r}.") from exc
+        if layer_index not in indices or not 0 <= head < n_heads:
+            raise ValueError(f"`plan` names head {layer_index}.{head}, which the model does "
+                             f"not have (layers {indices}, heads 0..{n_heads - 1}).")
+        if isinstance(rank, bool) or not isinstance(rank, Integral) or not (
+                0 <= rank <= d_h):
+            raise ValueError(f"`plan`: rank {rank!r} of head {layer_index}.{head} is not an "
+                             f"integer in [0, {d_h}].")
+        todo.setdefault(layer_index, []).append((head, int(rank)))
+    return todo
+
+
 def _planned_heads(model, compressed, plan):
     """Check ``compressed`` against ``model`` and ``plan``; the heads at ``1 <= r < d_h``.
 
@@ -103,7 +126,7 @@ def _planned_heads(model, compressed, plan):
     if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
         raise TypeError("`compressed` must be a Hugging Face model (the compress_heads copy). "
                         f"Got {type(compressed).__name__} instead.")
-    ranks = _plan_ranks_of(plan)
+    _plan_ranks_of(plan)  # a plan of the wrong type is named before the models are read
     family, layers, _ = layers_of(model)
     family_c, c_layers, _ = layers_of(compressed)
     if family_c is not family or len(c_layers) != len(layers) or any(
@@ -112,22 +135,12 @@ def _planned_heads(model, compressed, plan):
                          "the compress_heads copy of this model?).")
     by_index = {layer.index: (layer, c_layer) for layer, c_layer in
                 zip(layers, c_layers, strict=True)}
-    d_h, n_heads = layers[0].head_dim, layers[0].n_heads
+    d_h = layers[0].head_dim
     todo = {}
-    for key, rank in ranks.items():
-        try:
-            layer_index, head = (int(k) for k in key)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"`plan` keys must be (layer, head) pairs. Got {key!r}.") from exc
-        if layer_index not in by_index or not 0 <= head < n_heads:
-            raise ValueError(f"`plan` names head {layer_index}.{head}, which the model does "
-                             f"not have (layers {sorted(by_index)}, heads 0..{n_heads - 1}).")
-        if isinstance(rank, bool) or not isinstance(rank, Integral) or not (
-                0 <= rank <= d_h):
-            raise ValueError(f"`plan`: rank {rank!r} of head {layer_index}.{head} is not an "
-                             f"integer in [0, {d_h}].")
-        if 1 <= rank < d_h:
-            todo.setdefault(layer_index, []).append((head, int(rank)))
+    for layer_index, heads in checked_plan(plan, layers).items():
+        inner = [(head, rank) for head, rank in heads if 1 <= rank < d_h]
+        if inner:
+            todo[layer_index] = inner
     if family.rotary:  # rotary forms map the whole query, not its first columns
         return family, by_index, todo
     for layer_index in sorted(todo):
