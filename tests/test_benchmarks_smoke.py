@@ -429,3 +429,32 @@ def test_decoder_plan_quick(load, tmp_path):
             lo, hi = row["minus_uniform_90"]
             assert lo <= hi
     assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
+def test_encoder_cli_quick(load, tmp_path):
+    # The encoder's default command on a random split and with --refit none: a row each, the
+    # written models measured on held-out lines of both kinds, the summary per setting.
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from conftest import word_level_tokenizer
+
+    from sklearn_ebound.heads import docstring_sentences
+
+    tokenizer = word_level_tokenizer(docstring_sentences()[:200])
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
+        intermediate_size=16))
+    model.save_pretrained(tmp_path / "bert")
+    tokenizer.save_pretrained(tmp_path / "bert")
+    bench = load("bench_encoder_cli")
+    out = bench.main(["--model-dir", str(tmp_path / "bert"), "--splits", "r3", "--n-texts",
+                      "8", "--baseline", "none", "--out", str(tmp_path / "enc.json")])
+    assert [(r["split"], r["setting"]) for r in out["rows"]] == [("r3", "defaults"),
+                                                                 ("r3", "--refit none")]
+    for row in out["rows"]:
+        assert -1 <= row["held_out_min"] <= row["held_out_mean"] <= 1
+        assert -1 <= row["other_min"] <= row["other_mean"] <= 1
+        assert row["plan"].startswith("Plan (") and len(row["worst_held_out"]) == 2
+    assert out["summary defaults"]["random_splits"] == 1
+    assert json.loads((tmp_path / "enc.json").read_text())["n_texts"] == 8
