@@ -122,16 +122,14 @@ def add_heads_parser(commands):
                     "one heat map per rank and the spectra of --head to --out.")
     parser.add_argument("model_dir", metavar="MODEL", help="model directory or .gguf file")
     parser.add_argument("--text", metavar="FILE",
-                        help="UTF-8 text file, one sentence or passage per line (default: none, "
-                             "the kernels only)")
+                        help="text file, one sentence per line (default: none)")
     parser.add_argument("--head", type=_layer_head, default=(0, 0), metavar="LAYER.HEAD",
                         help="the head whose spectra are plotted (default: 0.0)")
     parser.add_argument("--max-length", type=int, default=128, metavar="N",
                         help="tokens per line at most (default: %(default)s)")
     compress = parser.add_argument_group(
-        "compression", "measure how much query-key rank each head needs on --text and save a "
-                       "compressed model; the same command resumes an interrupted run from "
-                       "the layers kept under --out")
+        "compression", "measure the query-key rank each head needs on --text and save a "
+                       "compressed model; a rerun resumes from the layers under --out")
     compress.add_argument("--compress", metavar="OUT_DIR",
                           help="write the compressed model (a Hugging Face directory) here "
                                "(no default)")
@@ -151,8 +149,7 @@ def add_heads_parser(commands):
                                "none for LMs (default: %(default)s)")
     compress.add_argument("--refit", choices=("auto", "all", "none"), default="auto",
                           metavar="MODE",
-                          help="all: the written model fitted again on every line once the "
-                               "split has measured it; none: the model measured; auto: "
+                          help="all: refit on every line once measured, or none; auto: "
                                f"{ENCODER_AUTO['refit']}, none for LMs (default: %(default)s)")
     compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
                           default="auto", metavar="RULE",

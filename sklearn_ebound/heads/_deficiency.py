@@ -410,10 +410,10 @@ class HeadDeficiencyResult(ResultTable):
         g = self._kv_index[layer][head]
         pair = self._trained.get((layer, head, rank)) if method == "trained" else None
         forms = self._forms[(layer, head, "weight" if method == "weight" else "data")]
-        return _factors(wq[head], wk[g], forms, rank, pair)
+        return rank_factors(wq[head], wk[g], forms, rank, pair)
 
 
-def _factors(wq, wk, forms, rank, pair=None):
+def rank_factors(wq, wk, forms, rank, pair=None):
     """A head's rank-``rank`` ``(W~_Q', W~_K')`` padded to ``(d + 1) x d_h``: the trained
     ``pair`` if given, else the form's."""
     out_q, out_k = np.zeros_like(wq), np.zeros_like(wk)

@@ -16,7 +16,7 @@ import copy
 from numbers import Integral
 
 from ._compression import checked_plan
-from ._deficiency import _factors, train_head
+from ._deficiency import rank_factors, train_head
 from ._head_forms import (
     HeadBatches,
     HeadForms,
@@ -140,7 +140,7 @@ def refit_heads(model, plan, texts, *, tokenizer=None, train_steps=15, shrinkage
             if train_steps and not family.rotary and 1 <= rank < layer.head_dim:
                 pair = train_head(batches, None, wq[head], wk[g], wv[g], forms, rank,
                                   layer.head_dim, train_steps, weighting=train_weighting)[2:]
-            new_q, new_k = _factors(wq[head], wk[g], forms, rank, pair)
+            new_q, new_k = rank_factors(wq[head], wk[g], forms, rank, pair)
             family.write_head(refit, layer, head, g, new_q, new_k)
             done += 1
             if progress is not None:
