@@ -24,7 +24,7 @@ import copy
 
 import numpy as np
 
-from sklearn_ebound.heads._deficiency import _factors
+from sklearn_ebound.heads._deficiency import rank_factors
 from sklearn_ebound.heads._head_forms import HeadForms, augmented_weights, layers_of
 
 __all__ = ["activation_statistics", "weight_svd", "asvd", "palu", "PEERS"]
@@ -73,7 +73,7 @@ def _kernel_truncation(model, rank, roots=None):
         for head in range(layer.n_heads):
             g = int(layer.kv_index[head])
             forms = HeadForms(wq[head], wk[g], family.rotary, root, root)
-            new_q, new_k = _factors(wq[head], wk[g], forms, rank)
+            new_q, new_k = rank_factors(wq[head], wk[g], forms, rank)
             family.write_head(compressed, layer, head, g, new_q, new_k)
     return compressed
 
