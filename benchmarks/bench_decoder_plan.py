@@ -1,4 +1,4 @@
-"""What a causal language model loses under each rank plan: uniform, greedy and Fisher.
+"""What a causal language model loses under each rank plan: uniform, greedy, Fisher, Taylor.
 
 On a causal language model (SmolLM2-135M-Instruct from its GGUF file by default, or any
 directory ``AutoModelForCausalLM`` loads), calibrated on ``--n-texts`` standard-library
@@ -11,7 +11,8 @@ subject, used by no step):
 * at each of ``--budgets``: the held-out perplexity as a ratio to the original's and the
   mean next-token KL of the data-aware forms planned ``uniform`` (one rank for every head),
   ``greedy`` (the package's default, by each head's own relative output error) and
-  ``fisher`` (by the predicted loss increase);
+  ``fisher`` (by the predicted loss increase) and ``taylor`` (the same with the loss's
+  first-order term along each head's truncation, spending the whole budget);
 * with ``--peers``, the compressions of the literature at one rank for every head
   (``_decoder_peers.py``): uniform weight-space SVD, ASVD's activation-scaled SVD and
   Palu's low-rank key projection per key group, each at the even rank nearest the budget
@@ -102,7 +103,8 @@ def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
 
 
 LABELS = {"uniform": "data-aware, one rank (SVD-LLM-style)", "greedy": "greedy on head errors",
-          "fisher": "the plan (Fisher)", "fisher+distill": "the plan, distilled"}
+          "fisher": "Fisher", "taylor": "Taylor (Fisher + first order)",
+          "fisher+distill": "Fisher, distilled"}
 
 
 def _plot(out, path, clip=1.3):
@@ -122,7 +124,7 @@ def _plot(out, path, clip=1.3):
         label = LABELS.get(name, name)
         if max(ratio) > clip:
             label += f" ({min(ratio):.1f}-{max(ratio):.1f}x: off the left scale)"
-        style = dict(marker="o", ms=4, lw=2.2 if name.startswith("fisher") else 1.2)
+        style = dict(marker="o", ms=4, lw=2.2 if name in ("fisher", "taylor") else 1.2)
         line, = ax_k.plot(x, [r["kl"] for r in rows], label=label, **style)
         ax_p.plot(x, ratio, color=line.get_color(), **style)
     ax_p.set_ylim(0.99, clip)
@@ -169,7 +171,7 @@ def main(argv=None):
                         help="the distillation's learning rate; none: no distillation")
     parser.add_argument("--distill-epochs", type=int, default=6)
     parser.add_argument("--distill-budgets", default="0.4,0.6,0.8")
-    parser.add_argument("--plans", default="uniform,greedy,fisher",
+    parser.add_argument("--plans", default="uniform,greedy,fisher,taylor",
                         help="the package's plans to run")
     parser.add_argument("--peers", action="store_true",
                         help="also the literature's compressions at one rank")
@@ -223,13 +225,16 @@ def main(argv=None):
     for budget in budgets:
         for name, kw in (("uniform", {"allocation": "uniform"}),
                          ("greedy", {"allocation": "greedy"}),
-                         ("fisher", {"allocation": "fisher", "sensitivity": sens})):
+                         ("fisher", {"allocation": "fisher", "sensitivity": sens}),
+                         ("taylor", {"allocation": "taylor", "sensitivity": sens})):
             if name not in args.plans.split(","):
                 continue
             plan = plan_ranks(result, budget=budget, method="data", **kw)
             compressed = compress_heads(model, result, plan, method="data")
             row = {"budget": budget, "plan": name, "budget_used": plan.budget_used,
                    **_measure(model, compressed, held, tokenizer, p0)}
+            if name == "taylor":
+                row["first_order_reliability"] = plan.first_order_reliability
             out["rows"].append(row)
             print(f"{budget:.0%} {name:14s} {row['perplexity_ratio']:.3f}x  KL "
                   f"{row['kl']:.4f}", flush=True)

@@ -422,7 +422,8 @@ def test_decoder_plan_quick(load, tmp_path):
                       "--n-held-out", "4", "--budgets", "0.5", "--peers",
                       "--plot", str(tmp_path / "frontier.png")])
     plans = {row["plan"] for row in out["rows"]}
-    assert plans == {"weight SVD", "ASVD", "Palu (key groups)", "uniform", "greedy", "fisher"}
+    assert plans == {"weight SVD", "ASVD", "Palu (key groups)", "uniform", "greedy", "fisher",
+                     "taylor"}
     for row in out["rows"]:
         assert row["perplexity_ratio"] > 0 and row["kl"] >= 0 and len(row["sentence_nll"]) == 4
         if row["plan"] != "uniform":

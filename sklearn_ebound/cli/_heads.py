@@ -152,9 +152,10 @@ def add_heads_parser(commands):
                           metavar="MODE",
                           help="all: refit on every line once measured, or none; auto: "
                                f"{ENCODER_AUTO['refit']}, none for LMs (default: %(default)s)")
-    compress.add_argument("--allocation", choices=("auto", "greedy", "fisher", "uniform"),
+    compress.add_argument("--allocation",
+                          choices=("auto", "greedy", "fisher", "taylor", "uniform"),
                           default="auto", metavar="RULE",
-                          help="greedy, fisher (next-token loss) or uniform; auto: "
+                          help="greedy, fisher or taylor (next-token loss), uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
@@ -325,9 +326,9 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
     language_model = is_language_model(model)
     args = resolve_auto(args, language_model)
-    if args.allocation == "fisher" and not language_model:
-        raise CLIError("--allocation fisher prices the heads by a next-token loss: it needs a "
-                       "causal language model with its head (use greedy or uniform)")
+    if args.allocation in ("fisher", "taylor") and not language_model:
+        raise CLIError(f"--allocation {args.allocation} prices the heads by a next-token loss: "
+                       "it needs a causal language model with its head (use greedy or uniform)")
     epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
                                                                         args.eps}))
     common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
@@ -459,6 +460,9 @@ _ALLOCATION_WORDS = {
     "greedy": "greedy on the data-aware curves",
     "fisher": "greedy on the next-token loss predicted from the data-aware curves and each "
               "head's Fisher weight",
+    "taylor": "the whole budget spent on the next-token loss predicted to second order (each "
+              "head's Fisher weight) and to first order (the loss's gradient along each "
+              "head's truncation)",
     "uniform": "one rank for every head",
     "tolerance": "one tolerance for every head",
 }
@@ -473,12 +477,12 @@ def _plan(args, result, model, tokenizer, calibration, language_model):
     allocation = args.allocation
     if allocation == "auto":
         allocation = "fisher" if language_model else "greedy"
-    if allocation != "fisher":
+    if allocation not in ("fisher", "taylor"):
         return plan_ranks(result, budget=args.budget, method="data", allocation=allocation)
     # The Fisher weights from the calibration half only: the evaluation half judges the plan.
     sensitivity = head_sensitivity(model, calibration, tokenizer=tokenizer,
                                    max_length=args.max_length)
-    return plan_ranks(result, budget=args.budget, method="data", allocation="fisher",
+    return plan_ranks(result, budget=args.budget, method="data", allocation=allocation,
                       sensitivity=sensitivity)
 
 

@@ -6,8 +6,9 @@ or of a plain state dict, and, given text, the logit field the head produces on 
 :func:`head_deficiency` measures how much query-key rank each head needs on its own output
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
 :func:`head_sensitivity` prices each head's output error in a causal language model's loss
-(its Fisher weight); :func:`head_predictors` and :func:`predictor_agreement` set the rank
-predictors against those needs; :func:`plan_ranks` and :func:`compress_heads` turn the
+(its Fisher weight, and the loss's first-order change along each head's truncation);
+:func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
+needs; :func:`plan_ranks` and :func:`compress_heads` turn the
 curves into a compressed model (:func:`refit_heads` fits the planned heads again on all the
 text once a split has judged the plan, :func:`refine_compressed` re-fits its pairs layer by
 layer on its own inputs,

@@ -412,6 +412,24 @@ class HeadDeficiencyResult(ResultTable):
         forms = self._forms[(layer, head, "weight" if method == "weight" else "data")]
         return rank_factors(wq[head], wk[g], forms, rank, pair)
 
+    def bases(self, layer, head, method="data"):
+        """``(A_Q, A_K)``, each ``d_h x d_h``, of one head's rank-``r`` forms.
+
+        The head's rank-``r`` kernel is ``W~_Q G_r W~_K^T`` with ``G_r = A_Q[:, :r]
+        A_K[:, :r]^T`` (``G_{d_h}`` is the identity on the query's span): for every head,
+        rotary or not, the form is the map ``q -> q G_r`` on its query. ``layer`` is the
+        position among the result's layers; ``method`` is ``"data"`` or ``"weight"`` (a
+        trained pair is no map of the query).
+        """
+        if method not in ("data", "weight"):
+            raise ValueError(f"`method` must be 'data' or 'weight'. Got {method!r}.")
+        if (layer, head, method) not in self._forms:
+            raise ValueError(f"The result holds no {method!r} forms of head {head} at layer "
+                             f"position {layer}; compute them with `methods` including "
+                             f"{method!r}.")
+        forms = self._forms[(layer, head, method)]
+        return forms.A_Q, forms.A_K
+
 
 def rank_factors(wq, wk, forms, rank, pair=None):
     """A head's rank-``rank`` ``(W~_Q', W~_K')`` padded to ``(d + 1) x d_h``: the trained

@@ -54,6 +54,32 @@ def _greedy(curves, units):
         curves.shape[:2])
 
 
+def _spend(price, units):
+    """Ranks spending exactly ``units`` (as far as the heads hold) on a price of any sign.
+
+    As :func:`_greedy`, one head moves up by the jump with the best change of ``price`` per
+    unit of rank, but the step is taken even when the price rises: a price with a
+    first-order term can fall as a head loses rank, and the budget is what the user keeps.
+    """
+    flat = price.reshape(-1, price.shape[-1])
+    d_h = flat.shape[1] - 1
+    ranks = np.zeros(len(flat), dtype=int)
+    jumps = np.arange(1, d_h + 1)
+    heads = np.arange(len(flat))
+    left = min(units, flat.shape[0] * d_h)
+    while left > 0:
+        target = ranks[:, None] + jumps[None, :]
+        allowed = (target <= d_h) & (jumps[None, :] <= left)
+        gains = (flat[heads, ranks][:, None] - flat[heads[:, None], np.minimum(target, d_h)])
+        gains = np.where(allowed & ~np.isnan(gains), gains / jumps[None, :], -np.inf)
+        h, j = np.unravel_index(np.argmax(gains), gains.shape)
+        if gains[h, j] == -np.inf:  # no head can move (unmeasured ranks)
+            break
+        ranks[h] += jumps[j]
+        left -= jumps[j]
+    return ranks.reshape(price.shape[:2])
+
+
 def _greedy_worst(per_text, units, share):
     """Ranks minimising the mean over the worst ``share`` of the texts of their summed
     errors (``per_text``: ``(n_layers, n_heads, d_h + 1, n_texts)``), greedily by marginal
@@ -88,7 +114,7 @@ def _tolerance_ranks(curves, eps):
     return np.array([[eps_rank(c, eps) for c in layer] for layer in curves])
 
 
-ALLOCATIONS = ("greedy", "residual", "fisher", "tolerance", "uniform")
+ALLOCATIONS = ("greedy", "residual", "fisher", "taylor", "tolerance", "uniform")
 
 
 def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="greedy",
@@ -104,7 +130,7 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         Tolerance: each head gets its eps-rank (exactly one of ``budget`` and ``eps``).
     method : {"trained", "data", "weight"}, default="trained"
         The curves planned on (``"trained"``: the best pair found at each rank).
-    allocation : {"greedy", "residual", "fisher", "tolerance", "uniform"}, default="greedy"
+    allocation : {"greedy", "residual", "fisher", "taylor", "tolerance", "uniform"}
         For a budget: ``"greedy"`` by marginal error (the sum over heads of their relative
         errors, weighted by ``weighting``); ``"residual"`` greedy by marginal error in the
         residual stream (the sum over heads of
@@ -115,6 +141,11 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         weight (``sensitivity``) times its relative error, so that the rank goes where the
         model downstream reads the head's output (on SmolLM2-135M it is below uniform
         truncation at every budget from 30% to 90%, :ref:`real_models_fisher`);
+        ``"taylor"``: the Fisher price plus each head's first-order loss change along its
+        truncation (:meth:`HeadSensitivityResult.first_order`, shrunk by its split-half
+        reliability), spending the whole budget even where the price falls with the rank:
+        the plan for the lowest perplexity, which moves the model towards the text and so
+        further from the original in KL than ``"fisher"`` (:ref:`real_models_fisher`);
         ``"tolerance"``: one tolerance for all
         heads (the largest total within the budget); ``"uniform"``: the same rank for every
         head. Measured on
@@ -130,7 +161,7 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         of the error over all tokens, to protect the texts that suffer most.
     sensitivity : HeadSensitivityResult, default=None
         The Fisher weights of :func:`head_sensitivity`, measured on the same model;
-        needed by, and only by, ``allocation="fisher"``.
+        needed by, and only by, ``allocation="fisher"`` and ``"taylor"``.
 
     Returns
     -------
@@ -138,9 +169,10 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         Rows ``layer``, ``head``, ``rank``, ``error`` (the head's measured relative error
         at that rank) and ``residual_error`` (its residual-stream error, NaN without output
         projections), and with ``sensitivity`` ``predicted_loss`` (the head's weight times
-        its error: its predicted share of the loss increase, nats per token); metadata
-        ``predicted_loss`` (their sum, with ``sensitivity``), ``budget_used``, ``method``,
-        ``allocation``, ``weighting``, ``worst_texts``, ``budget``, ``eps``.
+        its error, with ``"taylor"`` plus its first-order term: its predicted share of the loss
+        increase, nats per token); metadata ``predicted_loss`` (their sum, with
+        ``sensitivity``), ``first_order_reliability`` (with ``"taylor"``), ``budget_used``,
+        ``method``, ``allocation``, ``weighting``, ``worst_texts``, ``budget``, ``eps``.
     """
     if (budget is None) == (eps is None):
         raise ValueError("Give exactly one of `budget` and `eps`.")
@@ -157,14 +189,21 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         if (isinstance(worst_texts, bool) or not isinstance(worst_texts, Real)
                 or not 0 < worst_texts <= 1):
             raise ValueError(f"`worst_texts` must be a number in (0, 1]. Got {worst_texts!r}.")
-    if (allocation == "fisher") != (sensitivity is not None):
-        raise ValueError("allocation='fisher' needs `sensitivity` (head_sensitivity), and "
-                         "`sensitivity` is only read by allocation='fisher'.")
+    if (allocation in ("fisher", "taylor")) != (sensitivity is not None):
+        raise ValueError(f"allocation={allocation!r} needs `sensitivity` (head_sensitivity), "
+                         "and `sensitivity` is only read by allocation='fisher' or 'taylor'.")
     if sensitivity is not None and not hasattr(sensitivity, "weights"):
         raise TypeError("`sensitivity` must be a head_sensitivity result. Got "
                         f"{type(sensitivity).__name__} instead.")
     curves = plan_curves(result, method)
     fisher = None if sensitivity is None else sensitivity.weights(result)
+    price = None if fisher is None else curves * fisher[..., None]  # second order
+    if allocation == "taylor":
+        if method not in ("data", "weight") or eps is not None:
+            raise ValueError("allocation='taylor' plans a `budget` on the 'data' or 'weight' "
+                             f"forms (maps of the query). Got method={method!r}"
+                             + (", eps" if eps is not None else "") + ".")
+        price = price + sensitivity.first_order(result, method)
     residual = result.residual_curves(method)
     if allocation == "residual" and np.isnan(residual[np.isfinite(curves)]).any():
         raise ValueError("allocation='residual' needs the heads' output projections; the "
@@ -185,7 +224,9 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
                 weights = np.asarray(result.output_share, dtype=float)
             ranks = _greedy(curves * weights[..., None], units)
         elif allocation == "fisher":  # predicted loss: weight x relative error, summed
-            ranks = _greedy(curves * fisher[..., None], units)
+            ranks = _greedy(price, units)
+        elif allocation == "taylor":  # the same with the first-order term: spend it all
+            ranks = _spend(price, units)
         elif allocation == "residual" and worst_texts is not None:
             ranks = _greedy_worst(result.residual_curves(method, per_text=True), units,
                                   float(worst_texts))
@@ -208,12 +249,14 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
             row = {"layer": int(layer), "head": h, "rank": r,
                    "error": float(curves[li, hi_, r]),
                    "residual_error": float(residual[li, hi_, r])}
-            if fisher is not None:
-                row["predicted_loss"] = float(fisher[li, hi_] * curves[li, hi_, r])
+            if price is not None:
+                row["predicted_loss"] = float(price[li, hi_, r])
             rows.append(row)
     used = float(ranks.sum() / (ranks.size * d_h))
-    extra = {} if fisher is None else {
+    extra = {} if price is None else {
         "predicted_loss": float(sum(row["predicted_loss"] for row in rows))}
+    if allocation == "taylor":
+        extra["first_order_reliability"] = sensitivity.first_order_reliability(result, method)
     return ResultTable(rows, **extra, budget_used=used, method=method, allocation=allocation,
                        weighting=weighting, worst_texts=worst_texts, budget=budget, eps=eps,
                        head_dim=d_h)

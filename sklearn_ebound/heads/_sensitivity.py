@@ -21,6 +21,23 @@ per token, with ``err_h(r)`` the head's relative output error of :func:`head_def
 through the input of each attention output projection (the heads' outputs side by side);
 ``plan_ranks(..., allocation="fisher", sensitivity=...)`` spends the rank where the predicted
 loss falls fastest.
+
+The second-order price sees only how far a head moves, not where to: a truncation whose error
+leans towards what the text wants lowers the loss. Every rank-``r`` form of
+:func:`head_deficiency` is a map ``q -> q G_r`` on the head's query (``G_r = A_Q[:, :r]
+A_K[:, :r]^T``, :meth:`HeadDeficiencyResult.bases`), so the first-order term of the loss in
+the query-key kernel is, per token,
+
+    Delta L_h^(1)(r) = E_t q_t (G_r - I) (dL / d q_t)^T = <M_h, G_r - I>,
+    M_h = E_t q_t^T dL / d q_t,
+
+with ``q_t`` the head's query before any rotation: ``(A_Q^T M_h A_K)_kk`` summed over the kept
+columns ``k < r``, less ``tr M_h``. :func:`head_sensitivity` measures ``M_h`` in the same
+forward and backward passes, on the even and the odd texts apart; measured on text, the term
+holds the text's own noise, so :meth:`HeadSensitivityResult.first_order` shrinks it by its
+reliability, ``rho = c / (c + s^2 / 2)`` with ``c`` the mean product of the two halves' terms
+and ``s^2`` each half's mean square less ``c`` (the split-half reliability of the whole, by
+Spearman-Brown). ``plan_ranks(..., allocation="taylor")`` plans on both terms.
 """
 
 from numbers import Integral
@@ -45,36 +62,93 @@ class HeadSensitivityResult(ResultTable):
     (``fisher * energy / (2 d_h)``: the predicted loss increase per token, in nats, per unit
     of the head's relative output error). Metadata (also attributes): ``naming``,
     ``head_dim``, ``labels``, ``n_texts``, ``n_tokens``, ``loss`` (the mean next-token
-    cross-entropy on the texts, in nats per token).
+    cross-entropy on the texts, in nats per token). Not exported: ``query_gradient``,
+    ``(2, n_layers, n_heads, d_h, d_h)``, ``M_h = E_t q_t^T dL / d q_t`` on the even and on
+    the odd texts, and ``half_tokens``, their token counts (the first-order term).
     """
+
+    def _positions(self, result):
+        """``(layer positions, head positions)`` of ``result``'s layers and heads here."""
+        if getattr(result, "naming", self.naming) != self.naming:
+            raise ValueError(f"The sensitivity is of a {self.naming}-style model, the result "
+                             f"of a {result.naming}-style one.")
+        layers = list(dict.fromkeys(int(v) for v in self.column("layer")))
+        heads = list(dict.fromkeys(int(v) for v in self.column("head")))
+        missing = [(la, h) for la in result.layer_indices for h in result.heads
+                   if la not in layers or h not in heads]
+        if missing:
+            raise ValueError(f"`sensitivity` holds no weight for head {missing[0][0]}."
+                             f"{missing[0][1]} of the result: measure it on the same model.")
+        return ([layers.index(v) for v in result.layer_indices],
+                [heads.index(v) for v in result.heads])
 
     def weights(self, result):
         """``(n_layers, n_heads)`` weights aligned with the layers and heads of ``result``
         (a :class:`HeadDeficiencyResult`); an error if one of its heads was not measured."""
-        if getattr(result, "naming", self.naming) != self.naming:
-            raise ValueError(f"The sensitivity is of a {self.naming}-style model, the result "
-                             f"of a {result.naming}-style one.")
-        by_head = {(row["layer"], row["head"]): row["weight"] for row in self.rows}
-        out = np.empty((len(result.layer_indices), len(result.heads)))
-        for li, layer in enumerate(result.layer_indices):
-            for hi, head in enumerate(result.heads):
-                if (layer, head) not in by_head:
-                    raise ValueError(f"`sensitivity` holds no weight for head {layer}.{head} "
-                                     "of the result: measure it on the same model.")
-                out[li, hi] = by_head[(layer, head)]
+        layers, heads = self._positions(result)
+        n_heads = len(dict.fromkeys(int(v) for v in self.column("head")))
+        weight = self.column("weight").reshape(-1, n_heads)
+        return weight[np.ix_(layers, heads)]
+
+    def _half_terms(self, result, method):
+        """The first-order terms ``(2, n_layers, n_heads, d_h + 1)`` of the two halves."""
+        if self.labels != "data":
+            raise ValueError("The first-order term needs the text's own next tokens: measure "
+                             "the sensitivity with labels='data' (with labels drawn from the "
+                             "model its expectation is zero).")
+        if getattr(self, "query_gradient", None) is None:
+            raise ValueError("The sensitivity holds no query gradients (a result read back "
+                             "from a file keeps only its rows): measure it again.")
+        layers, heads = self._positions(result)
+        d_h = self.head_dim
+        out = np.zeros((2, len(layers), len(heads), d_h + 1))
+        for li, pos in enumerate(layers):
+            for hi, (hpos, head) in enumerate(zip(heads, result.heads, strict=True)):
+                A_Q, A_K = result.bases(li, head, method)
+                M = self.query_gradient[:, pos, hpos]  # (2, d_h, d_h)
+                # <M, G_r - I> = sum_{k < r} (A_Q^T M A_K)_kk - tr M
+                kept = np.einsum("ik,nij,jk->nk", A_Q, M, A_K)
+                cumulative = np.concatenate([np.zeros((2, 1)), np.cumsum(kept, 1)], 1)
+                out[:, li, hi] = cumulative - np.trace(M, axis1=1, axis2=2)[:, None]
         return out
 
-    def predicted_loss(self, result, plan, method="data"):
+    def first_order_reliability(self, result, method="data"):
+        """Split-half reliability ``rho`` in [0, 1] of the first-order terms on ``result``.
+
+        ``c = mean(f_even f_odd)`` over every (layer, head, rank), ``s^2 = (mean(f_even^2) +
+        mean(f_odd^2)) / 2 - c``; ``rho = c / (c + s^2 / 2)``, the share of the whole text's
+        term that another text of its kind would repeat (0 when the halves disagree).
+        """
+        even, odd = self._half_terms(result, method).reshape(2, -1)
+        c = float(np.mean(even * odd))
+        noise = max(0.5 * float(np.mean(even ** 2) + np.mean(odd ** 2)) - c, 0.0)
+        return 0.0 if c <= 0 else c / (c + noise / 2)
+
+    def first_order(self, result, method="data", *, shrink=True):
+        """``(n_layers, n_heads, d_h + 1)``: each head's first-order loss change at each rank.
+
+        ``<M_h, G_r - I>`` (nats per token, see the module docstring) with ``G_r`` the rank-r
+        query map of ``result``'s ``method`` forms; ``M_h`` over all the texts, shrunk by
+        :meth:`first_order_reliability` unless ``shrink=False``. Zero at full rank.
+        """
+        halves = self._half_terms(result, method)
+        n = np.asarray(self.half_tokens, dtype=float)
+        whole = np.tensordot(n / n.sum(), halves, axes=1)
+        return whole * (self.first_order_reliability(result, method) if shrink else 1.0)
+
+    def predicted_loss(self, result, plan, method="data", *, first_order=False):
         """The predicted increase of the mean next-token loss (nats per token) of ``plan``.
 
         The sum over the plan's heads of ``weight x err(rank)`` on ``result``'s curves of
-        ``method`` (``plan``: a :func:`plan_ranks` table or ``{(layer, head): rank}``);
-        heads the plan leaves out keep their full rank.
+        ``method`` (``plan``: a :func:`plan_ranks` table or ``{(layer, head): rank}``), and
+        with ``first_order`` each head's shrunk first-order term (:meth:`first_order`); heads
+        the plan leaves out keep their full rank.
         """
         from ._planning import plan_curves
 
         curves = plan_curves(result, method)
         weights = self.weights(result)
+        linear = self.first_order(result, method) if first_order else np.zeros_like(curves)
         ranks = ({(r["layer"], r["head"]): r["rank"] for r in plan.rows}
                  if isinstance(plan, ResultTable) else dict(plan))
         layers = {v: i for i, v in enumerate(result.layer_indices)}
@@ -82,7 +156,8 @@ class HeadSensitivityResult(ResultTable):
         total = 0.0
         for (layer, head), rank in ranks.items():
             li, hi = layers[layer], heads[head]
-            total += weights[li, hi] * float(np.nan_to_num(curves[li, hi, int(rank)]))
+            total += (weights[li, hi] * float(np.nan_to_num(curves[li, hi, int(rank)]))
+                      + linear[li, hi, int(rank)])
         return total
 
 
@@ -121,7 +196,10 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
     the head's Fisher information per token, and the output itself ``E_t ||o_t||^2``. Their
     product over ``2 d_h`` prices one unit of the head's relative output error in nats per
     token (see the module docstring); :func:`plan_ranks` with ``allocation="fisher"`` plans
-    on it. The model's weights are not changed and no gradient is left on them.
+    on it. The same passes measure the gradient in each head's query, ``E_t q_t^T dL /
+    d q_t``, whose product with a rank-``r`` form's change of the query is the loss's
+    first-order change (:meth:`HeadSensitivityResult.first_order`, ``allocation="taylor"``).
+    The model's weights are not changed and no gradient is left on them.
 
     Parameters
     ----------
@@ -181,7 +259,12 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
     n_heads, d_h = layers[0].n_heads, layers[0].head_dim
     fisher = np.zeros((len(layers), n_heads))
     energy = np.zeros((len(layers), n_heads))
-    zeros, outputs = {}, {}
+    query_gradient = np.zeros((2, len(layers), n_heads, d_h, d_h))  # even, odd texts
+    half_tokens = np.zeros(2, dtype=int)
+    zeros, outputs, query_zeros, queries = {}, {}, {}, {}
+    # each head's query entries in its layer's query projection's output
+    query_slots = [[family.slots(layer, h, int(layer.kv_index[h]))[0] for h in range(n_heads)]
+                   for layer in layers]
 
     def hook_for(li):
         def hook(module, args):
@@ -191,13 +274,27 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
             return (args[0] + z, *args[1:])
         return hook
 
+    def query_hook_for(li):
+        def hook(module, args, output):
+            z = torch.zeros_like(output, requires_grad=True)
+            query_zeros[li], queries[li] = z, output.detach()
+            return output + z
+        return hook
+
+    def head_columns(t, li, valid):
+        """``(T, n_heads, d_h)``: each head's entries of the query output at the real tokens."""
+        return torch.stack([t[..., slot.start:slot.start + d_h] for slot in query_slots[li]],
+                           -2)[valid].double()
+
     generator = torch.Generator().manual_seed(int(random_state))
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
     mode = model.training
     handles = [model.get_submodule(family.output_module(layer)).register_forward_pre_hook(
         hook_for(li)) for li, layer in enumerate(layers)]
-    total_loss, n_pred, n_tokens = 0.0, 0, 0
+    handles += [model.get_submodule(query_slots[li][0].module).register_forward_hook(
+        query_hook_for(li)) for li in range(len(layers))]
+    total_loss, n_pred, n_tokens, n_seen = 0.0, 0, 0, 0
     try:
         for p in params:
             p.requires_grad_(False)
@@ -207,15 +304,28 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
                 zeros.clear()
                 outputs.clear()
                 loss, n = _next_token_loss(model(**batch).logits, batch, labels, generator)
+                valid = batch["attention_mask"].bool()
+                first = n_seen
+                n_seen += valid.shape[0]
                 if n == 0:
                     continue
                 loss.backward()
-                valid = batch["attention_mask"].bool()
+                # which half each real token's text is in (by the text's position)
+                odd = ((first + torch.arange(valid.shape[0])) % 2)[:, None].expand_as(valid)
+                odd = odd[valid]
                 for li in range(len(layers)):
                     g = zeros[li].grad.double().reshape(*valid.shape, n_heads, d_h)[valid]
                     o = outputs[li].double().reshape(*valid.shape, n_heads, d_h)[valid]
                     fisher[li] += (g ** 2).sum((0, 2)).numpy()
                     energy[li] += (o ** 2).sum((0, 2)).numpy()
+                    q = head_columns(queries[li], li, valid)
+                    gq = head_columns(query_zeros[li].grad, li, valid)
+                    for half in (0, 1):
+                        keep = odd == half
+                        query_gradient[half, li] += torch.einsum(
+                            "thi,thj->hij", q[keep], gq[keep]).numpy()
+                for half in (0, 1):
+                    half_tokens[half] += int((odd == half).sum())
                 total_loss += float(loss.detach())
                 n_pred += n
                 n_tokens += int(valid.sum())
@@ -232,6 +342,10 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
              "energy": float(energy[li, h]),
              "weight": float(0.5 * fisher[li, h] * energy[li, h] / d_h)}
             for li, layer in enumerate(layers) for h in range(n_heads)]
-    return HeadSensitivityResult(rows, naming=family.name, head_dim=d_h, labels=labels,
-                                 n_texts=len(texts), n_tokens=n_tokens,
-                                 loss=total_loss / n_pred)
+    result = HeadSensitivityResult(rows, naming=family.name, head_dim=d_h, labels=labels,
+                                   n_texts=len(texts), n_tokens=n_tokens,
+                                   loss=total_loss / n_pred)
+    result.query_gradient = query_gradient / np.maximum(half_tokens, 1)[:, None, None, None,
+                                                                         None]
+    result.half_tokens = half_tokens
+    return result
