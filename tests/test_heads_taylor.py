@@ -22,7 +22,7 @@ from sklearn_ebound.heads import (
     head_sensitivity,
     plan_ranks,
 )
-from sklearn_ebound.heads._planning import _spend
+from sklearn_ebound.heads._planning import _greedy
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -188,7 +188,7 @@ def test_spending_greedy_is_optimal_on_convex_prices(n_heads, d_h, data):
                                min_size=n_heads, max_size=n_heads))
     # a convex curve: increments sorted increasing
     price = np.array([np.concatenate([[0.0], np.cumsum(sorted(s))]) for s in steps])[None]
-    ranks = _spend(price, units)
+    ranks = _greedy(price, units, spend=True)
     assert ranks.sum() == units
     best = min(sum(price[0, h, r] for h, r in enumerate(combo))
                for combo in itertools.product(range(d_h + 1), repeat=n_heads)

@@ -26,58 +26,37 @@ def plan_curves(result, method):
     return curves
 
 
-def _greedy(curves, units):
-    """Ranks minimising the sum of errors for ``units`` total rank, greedily by marginal gain.
+def _greedy(price, units, *, spend=False):
+    """Ranks minimising the sum of ``price`` for ``units`` total rank, greedily by marginal gain.
 
-    Each step moves one head up by the jump (of any size) with the largest error decrease per
-    unit of rank; a non-monotone curve is read through its running minimum.
+    Each step moves one head up by the jump (of any size) with the largest price decrease per
+    unit of rank. By default a non-monotone curve is read through its running minimum and
+    the greedy stops when no step lowers the price; with ``spend`` every unit is spent (as
+    far as the heads hold), the step taken even when the price rises: a price with a
+    first-order term can fall as a head loses rank, and the budget is what the user keeps.
     """
-    flat = np.minimum.accumulate(curves.reshape(-1, curves.shape[-1]), axis=1)
+    raw = price.reshape(-1, price.shape[-1])
+    flat = raw if spend else np.minimum.accumulate(raw, axis=1)
     d_h = flat.shape[1] - 1
     ranks = np.zeros(len(flat), dtype=int)
     jumps = np.arange(1, d_h + 1)
     heads = np.arange(len(flat))
-    left = units
+    left = min(units, len(flat) * d_h)
     while left > 0:
         target = ranks[:, None] + jumps[None, :]  # (heads, jumps)
         allowed = (target <= d_h) & (jumps[None, :] <= left)
         gains = (flat[heads, ranks][:, None] - flat[heads[:, None], np.minimum(target, d_h)])
-        gains = np.where(allowed, gains / jumps[None, :], -np.inf)
-        h, j = np.unravel_index(np.argmax(gains), gains.shape)
-        if not gains[h, j] > 0:
-            break
-        ranks[h] += jumps[j]
-        left -= jumps[j]
-    # the smallest rank reaching each head's running minimum
-    raw = curves.reshape(-1, curves.shape[-1])
-    return np.array([int(np.argmin(raw[h, :r + 1])) for h, r in enumerate(ranks)]).reshape(
-        curves.shape[:2])
-
-
-def _spend(price, units):
-    """Ranks spending exactly ``units`` (as far as the heads hold) on a price of any sign.
-
-    As :func:`_greedy`, one head moves up by the jump with the best change of ``price`` per
-    unit of rank, but the step is taken even when the price rises: a price with a
-    first-order term can fall as a head loses rank, and the budget is what the user keeps.
-    """
-    flat = price.reshape(-1, price.shape[-1])
-    d_h = flat.shape[1] - 1
-    ranks = np.zeros(len(flat), dtype=int)
-    jumps = np.arange(1, d_h + 1)
-    heads = np.arange(len(flat))
-    left = min(units, flat.shape[0] * d_h)
-    while left > 0:
-        target = ranks[:, None] + jumps[None, :]
-        allowed = (target <= d_h) & (jumps[None, :] <= left)
-        gains = (flat[heads, ranks][:, None] - flat[heads[:, None], np.minimum(target, d_h)])
         gains = np.where(allowed & ~np.isnan(gains), gains / jumps[None, :], -np.inf)
         h, j = np.unravel_index(np.argmax(gains), gains.shape)
-        if gains[h, j] == -np.inf:  # no head can move (unmeasured ranks)
+        if gains[h, j] == -np.inf or not (spend or gains[h, j] > 0):
             break
         ranks[h] += jumps[j]
         left -= jumps[j]
-    return ranks.reshape(price.shape[:2])
+    if spend:
+        return ranks.reshape(price.shape[:2])
+    # the smallest rank reaching each head's running minimum
+    return np.array([int(np.argmin(raw[h, :r + 1])) for h, r in enumerate(ranks)]).reshape(
+        price.shape[:2])
 
 
 def _greedy_worst(per_text, units, share):
@@ -226,7 +205,7 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         elif allocation == "fisher":  # predicted loss: weight x relative error, summed
             ranks = _greedy(price, units)
         elif allocation == "taylor":  # the same with the first-order term: spend it all
-            ranks = _spend(price, units)
+            ranks = _greedy(price, units, spend=True)
         elif allocation == "residual" and worst_texts is not None:
             ranks = _greedy_worst(result.residual_curves(method, per_text=True), units,
                                   float(worst_texts))
