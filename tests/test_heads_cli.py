@@ -175,9 +175,10 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
                            for k in changed)
     # An encoder is planned greedily by default; it has no next-token loss to price heads by.
     assert payload["plan"]["allocation"] == "greedy"
-    with pytest.raises(CLIError, match="--allocation fisher"):
-        _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
-              "--budget", "0.5", "--allocation", "fisher", "--out", str(out)])
+    for allocation in ("fisher", "taylor"):
+        with pytest.raises(CLIError, match=f"--allocation {allocation}"):
+            _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
+                  "--budget", "0.5", "--allocation", allocation, "--out", str(out)])
     for name in ["deficiency.json", "deficiency.csv", "eps_ranks.csv", "plan.json"]:
         assert (out / name).stat().st_size > 0
     if pytest.importorskip("matplotlib"):
