@@ -160,6 +160,13 @@ def _correlation(model, result, sens, held, tokenizer, fraction):
             "spearman_greedy": float(spearmanr(measured, greedy).correlation)}
 
 
+def _save(out, path):
+    """Write what is measured so far: an interrupted run keeps its finished rows."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(out, fh, indent=2)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", required=True)
@@ -222,6 +229,7 @@ def main(argv=None):
     budgets = [float(b) for b in args.budgets.split(",")]
     if args.peers:
         out["rows"] += _peer_rows(model, cal, held, tokenizer, p0, budgets, result.head_dim)
+        _save(out, args.out)
     for budget in budgets:
         for name, kw in (("uniform", {"allocation": "uniform"}),
                          ("greedy", {"allocation": "greedy"}),
@@ -236,6 +244,7 @@ def main(argv=None):
             if name == "taylor":
                 row["first_order_reliability"] = plan.first_order_reliability
             out["rows"].append(row)
+            _save(out, args.out)
             print(f"{budget:.0%} {name:14s} {row['perplexity_ratio']:.3f}x  KL "
                   f"{row['kl']:.4f}", flush=True)
             if name != "fisher" or args.distill_lr is None or budget not in distilled_at:
@@ -250,6 +259,7 @@ def main(argv=None):
                    "best_epoch": distilled.distillation_["best_epoch"],
                    **_measure(model, distilled, held, tokenizer, p0)}
             out["rows"].append(row)
+            _save(out, args.out)
             print(f"{budget:.0%} fisher+distill {row['perplexity_ratio']:.3f}x  KL "
                   f"{row['kl']:.4f}  ({row['seconds']:.0f} s)", flush=True)
     _paired_intervals(out, n_tokens)
@@ -264,9 +274,7 @@ def main(argv=None):
         print(f"single-layer truncations: Spearman {out['correlation']['spearman_fisher']:.2f} "
               f"(Fisher), {out['correlation']['spearman_greedy']:.2f} (greedy's price)")
     out["seconds"] = time.perf_counter() - start
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(out, fh, indent=2)
+    _save(out, args.out)
     if args.plot:
         _plot(out, args.plot)
     return out
