@@ -18,7 +18,9 @@ to the original's; for an encoder the cosine of the sentence embeddings to the o
 The budget is shared by ``--allocation``: for a causal language model by default
 ``fisher``, greedy on the next-token loss each head's error is predicted to cost (its Fisher
 weight, :func:`~sklearn_ebound.heads.head_sensitivity`, read on the calibration half), for
-any other model ``greedy`` on each head's own output error.
+any other model ``greedy`` on each head's own output error; ``taylor`` (a causal language
+model only) adds each head's first-order loss change along its truncation, for a lower
+perplexity at a higher KL to the original.
 ``--train-steps N`` trains the planned pairs (N L-BFGS steps each, on the calibration half)
 in a second pass; ``--refine sequential`` re-fits the compressed pairs layer by layer on the
 compressed model's own inputs (the calibration half) before saving; ``--refine distill``
