@@ -2,8 +2,12 @@
 
 On a causal language model (SmolLM2-135M-Instruct from its GGUF file by default, or any
 directory ``AutoModelForCausalLM`` loads), calibrated on ``--n-texts`` standard-library
-docstring lines and measured on ``--n-held-out`` sentences of ``HELD_OUT_MODULES`` (another
-subject, used by no step):
+docstring lines and measured on ``--n-held-out`` sentences used by no step: by default of
+``HELD_OUT_MODULES`` (docstrings of another subject); with ``--held-out manual`` every
+fourth sentence of the Python reference manual (:func:`manual_sentences`), with
+``--held-out readmes`` every third prose sentence of the descriptions of the installed
+distributions (their ``METADATA``, in the order of their names: text of another register,
+which depends on what is installed):
 
 * the data-aware curves of every head (:func:`head_deficiency`, 3/4 of the lines for the
   metric, 1/4 for the curves) and the Fisher weights of every head's output
@@ -107,6 +111,11 @@ LABELS = {"uniform": "data-aware, one rank (SVD-LLM-style)", "greedy": "greedy o
           "fisher+distill": "Fisher, distilled"}
 
 
+HELD_OUT_TITLES = {"modules": "docstrings of another subject",
+                   "manual": "the Python reference manual",
+                   "readmes": "package descriptions"}
+
+
 def _plot(out, path, clip=1.3):
     """The frontier of every row name: perplexity ratio (ratios above ``clip`` are named in
     the legend, off the scale) and mean next-token KL on a log scale."""
@@ -138,7 +147,8 @@ def _plot(out, path, clip=1.3):
         ax.grid(True, which="both", alpha=0.3)
     ax_k.legend(fontsize=7)
     fig.suptitle(f"{out['model']}: {out['n_texts']} calibration lines, "
-                 f"{out['n_held_out']} held-out sentences of another subject", fontsize=9)
+                 f"{out['n_held_out']} held-out sentences "
+                 f"({HELD_OUT_TITLES[out.get('held_out', 'modules')]})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -162,6 +172,32 @@ def _correlation(model, result, sens, held, tokenizer, fraction):
             "spearman_greedy": float(spearmanr(measured, greedy).correlation)}
 
 
+def _held_out(kind, calibration=()):
+    """The held-out sentences of ``--held-out``, spread over their topics by a stride, less
+    any that is a calibration line (classes of both module sets inherit a docstring or two)."""
+    seen = set(calibration)
+    return [s for s in _held_out_text(kind) if s not in seen]
+
+
+def _held_out_text(kind):
+    from sklearn_ebound.heads import HELD_OUT_MODULES, docstring_sentences, manual_sentences
+
+    if kind == "modules":
+        return docstring_sentences(HELD_OUT_MODULES)
+    if kind == "manual":
+        return manual_sentences()[::4]
+    import importlib.metadata
+
+    from sklearn_ebound.heads._text import _prose_sentences
+
+    seen, sentences = set(), []
+    for dist in sorted(importlib.metadata.distributions(),
+                       key=lambda d: d.metadata["Name"].lower()):
+        text = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        sentences.extend(_prose_sentences(text, seen, 6, 40, strict=True))
+    return sentences[::3]
+
+
 def _save(out, path):
     """Write what is measured so far: an interrupted run keeps its finished rows."""
     if path:
@@ -176,6 +212,8 @@ def main(argv=None):
     parser.add_argument("--n-texts", type=int, default=40)
     parser.add_argument("--n-held-out", type=int, default=40)
     parser.add_argument("--budgets", default="0.4,0.6,0.8")
+    parser.add_argument("--held-out", choices=("modules", "manual", "readmes"),
+                        default="modules", help="the held-out text (default: %(default)s)")
     parser.add_argument("--distill-lr", type=float, default=None,
                         help="the distillation's learning rate; none: no distillation")
     parser.add_argument("--distill-epochs", type=int, default=6)
@@ -195,7 +233,6 @@ def main(argv=None):
     import transformers
 
     from sklearn_ebound.heads import (
-        HELD_OUT_MODULES,
         compress_heads,
         distill_compressed,
         docstring_sentences,
@@ -212,7 +249,7 @@ def main(argv=None):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         args.model_dir, dtype=torch.float32, **extra).eval()
     cal = docstring_sentences()[:args.n_texts]
-    held = docstring_sentences(HELD_OUT_MODULES)[:args.n_held_out]
+    held = _held_out(args.held_out, cal)[:args.n_held_out]
     result = head_deficiency(model, cal, tokenizer=tokenizer, methods=("data",),
                              calibration=0.75, max_length=64)
     t_curves = time.perf_counter() - start
@@ -222,6 +259,7 @@ def main(argv=None):
     n_tokens = [len(tokenizer(t, truncation=True, max_length=64)["input_ids"]) - 1
                 for t in held]
     out = {"model": type(model).__name__, "n_texts": len(cal), "n_held_out": len(held),
+           "held_out": args.held_out,
            "perplexity_original": p0, "seconds_curves": t_curves,
            "seconds_sensitivity": t_sens, "rows": [],
            "sentence_nll_original": _sentence_nll(model, held, tokenizer)}

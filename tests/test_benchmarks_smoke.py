@@ -432,6 +432,23 @@ def test_decoder_plan_quick(load, tmp_path):
     assert (tmp_path / "frontier.png").stat().st_size > 0
 
 
+def test_decoder_plan_held_out_kinds(load):
+    # Three kinds of held-out text, none the calibration's, spread over their topics.
+    from sklearn_ebound.heads import HELD_OUT_MODULES, docstring_sentences, manual_sentences
+
+    bench = load("bench_decoder_plan")
+    calibration = docstring_sentences()
+    kinds = {kind: bench._held_out(kind, calibration)
+             for kind in ("modules", "manual", "readmes")}
+    assert all(not set(calibration) & set(held) for held in kinds.values())
+    # the held-out modules inherit a docstring or two from the calibration's classes: dropped
+    modules = docstring_sentences(HELD_OUT_MODULES)
+    assert kinds["modules"] == [s for s in modules if s not in calibration]
+    assert len(kinds["modules"]) > 0.99 * len(modules)
+    assert kinds["manual"] == manual_sentences()[::4]
+    assert kinds["readmes"] and not any(":" in s or "http" in s for s in kinds["readmes"])
+
+
 def test_encoder_cli_quick(load, tmp_path):
     # The encoder's default command on a random split and with --refit none: a row each, the
     # written models measured on held-out lines of both kinds, the summary per setting.

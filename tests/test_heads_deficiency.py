@@ -26,6 +26,7 @@ from sklearn_ebound.heads import (
     embedding_fidelity,
     head_deficiency,
     head_predictors,
+    manual_sentences,
     perplexity,
     plan_ranks,
     predictor_agreement,
@@ -489,6 +490,19 @@ def test_calibration_and_held_out_modules_are_disjoint():
     # more text than the default set, every sentence prose of its own module set
     assert len(wide) > 2 * len(docstring_sentences())
     assert all(6 <= len(s.split()) <= 40 for s in wide)
+
+
+def test_manual_sentences_are_prose_of_another_kind():
+    manual = manual_sentences(min_words=8, max_words=30)
+    assert len(manual) > 100 and len(set(manual)) == len(manual)
+    assert all(8 <= len(s.split()) <= 30 and s[0].isupper() and s[-1] in ".!?" for s in manual)
+    # the stricter filter: no links, parentheses or colons, where the manual turns to code
+    assert not any(c in s for s in manual for c in "():") and not any("http" in s for s in manual)
+    # no step that calibrates on the default docstrings saw it; the manual quotes a few
+    # docstrings of the library's modules, but is mostly text of its own
+    assert not set(docstring_sentences()) & set(manual)
+    docstrings = set(docstring_sentences(WIDE_CALIBRATION_MODULES + HELD_OUT_MODULES))
+    assert len(docstrings & set(manual)) < 0.05 * len(manual)
 
 
 @pytest.mark.parametrize("module", ["_deficiency", "_compression", "_refit", "_text"])

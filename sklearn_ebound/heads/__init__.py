@@ -45,6 +45,7 @@ from ._text import (
     HELD_OUT_MODULES,
     WIDE_CALIBRATION_MODULES,
     docstring_sentences,
+    manual_sentences,
 )
 from ._weights import NAMINGS
 
@@ -69,6 +70,7 @@ __all__ = [
     "next_token_kl",
     "is_language_model",
     "docstring_sentences",
+    "manual_sentences",
     "CALIBRATION_MODULES",
     "HELD_OUT_MODULES",
     "WIDE_CALIBRATION_MODULES",

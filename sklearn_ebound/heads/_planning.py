@@ -124,8 +124,10 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         ``"taylor"``: the Fisher price plus each head's first-order loss change along its
         truncation (:meth:`HeadSensitivityResult.first_order`, shrunk by its split-half
         reliability), spending the whole budget even where the price falls with the rank:
-        the plan for the lowest perplexity, which moves the model towards the text and so
-        further from the original in KL than ``"fisher"`` (:ref:`real_models_taylor`);
+        the plan for the lowest perplexity on text of the calibration's kind, which moves
+        the model towards that text and so further from the original in KL than
+        ``"fisher"``; on text of another kind it can lose to one uniform rank
+        (:ref:`real_models_taylor`);
         ``"tolerance"``: one tolerance for all
         heads (the largest total within the budget); ``"uniform"``: the same rank for every
         head. Measured on

@@ -3,6 +3,9 @@
 Tests, examples and benchmarks of the pretrained heads need real text with no download. The
 docstrings of the standard library are written English prose; :func:`docstring_sentences`
 cuts them into sentences and keeps those that read as prose (no code, no doctest lines).
+:func:`manual_sentences` does the same for the Python reference manual's topics that
+``help()`` shows: prose of another register, to check that what a plan learnt from
+docstrings holds on text of another kind.
 """
 
 import importlib
@@ -10,8 +13,8 @@ import inspect
 import re
 import warnings
 
-__all__ = ["docstring_sentences", "CALIBRATION_MODULES", "HELD_OUT_MODULES",
-           "WIDE_CALIBRATION_MODULES"]
+__all__ = ["docstring_sentences", "manual_sentences", "CALIBRATION_MODULES",
+           "HELD_OUT_MODULES", "WIDE_CALIBRATION_MODULES"]
 
 # Two disjoint sets of modules: text to calibrate on, and other text to check on.
 CALIBRATION_MODULES = ("argparse", "collections", "json", "logging", "pathlib", "subprocess",
@@ -29,6 +32,24 @@ WIDE_CALIBRATION_MODULES = CALIBRATION_MODULES + (
 
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 _CODE = re.compile(r"[=<>{}\[\]\\|@#$`~^*_]|\(\)|::|>>>|\.\.\.|\w\.\w")
+# Stricter for text that is not a docstring: no links, no parentheses, no colons (the
+# manual's and the package descriptions' prose breaks into code and lists at these).
+_NOT_PROSE = re.compile(r"https?:|www\.|[():]")
+
+
+def _prose_sentences(text, seen, min_words, max_words, strict=False):
+    """The sentences of ``text`` that read as prose and are not in ``seen`` (which grows)."""
+    for paragraph in re.split(r"\n\s*\n", text or ""):
+        for sentence in _SPLIT.split(" ".join(paragraph.split())):
+            words = sentence.split()
+            if not (min_words <= len(words) <= max_words) or sentence in seen:
+                continue
+            if not sentence[0].isupper() or sentence[-1] not in ".!?":
+                continue
+            if _CODE.search(sentence) or (strict and _NOT_PROSE.search(sentence)):
+                continue
+            seen.add(sentence)
+            yield sentence
 
 
 def _docstrings(module):
@@ -78,16 +99,41 @@ def docstring_sentences(modules=CALIBRATION_MODULES, *, min_words=6, max_words=4
             warnings.simplefilter("ignore", DeprecationWarning)
             docs = list(_docstrings(module))
         for doc in docs:
-            for paragraph in re.split(r"\n\s*\n", doc or ""):
-                text = " ".join(paragraph.split())
-                for sentence in _SPLIT.split(text):
-                    words = sentence.split()
-                    if not (min_words <= len(words) <= max_words) or sentence in seen:
-                        continue
-                    if not sentence[0].isupper() or sentence[-1] not in ".!?":
-                        continue
-                    if _CODE.search(sentence):
-                        continue
-                    seen.add(sentence)
-                    sentences.append(sentence)
+            sentences.extend(_prose_sentences(doc, seen, min_words, max_words))
+    return sentences
+
+
+def manual_sentences(*, min_words=6, max_words=40):
+    """Prose sentences of the Python reference manual's topics, in a fixed order.
+
+    The topics are those ``help()`` shows (``pydoc_data.topics``: the language reference's
+    sections on statements, expressions, types and the data model), taken in the order of
+    their names. The filter is :func:`docstring_sentences`'s, stricter: no sentence with a
+    link, a parenthesis or a colon, where the manual's prose turns into grammar and code.
+
+    Parameters
+    ----------
+    min_words, max_words : int, default=6, 40
+        Length limits of a kept sentence.
+
+    Returns
+    -------
+    sentences : list of str
+
+    Examples
+    --------
+    >>> from sklearn_ebound.heads import manual_sentences
+    >>> sentences = manual_sentences()
+    >>> len(sentences) > 100 and all(":" not in s for s in sentences)
+    True
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as exc:  # some distributions ship Python without it
+        raise ImportError("manual_sentences needs the standard library's pydoc_data "
+                          "package, which this Python does not have.") from exc
+    seen, sentences = set(), []
+    for name in sorted(topics):
+        sentences.extend(_prose_sentences(topics[name], seen, min_words, max_words,
+                                          strict=True))
     return sentences
