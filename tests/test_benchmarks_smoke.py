@@ -436,10 +436,9 @@ def test_decoder_plan_held_out_kinds(load):
     # Three kinds of held-out text, none the calibration's, spread over their topics.
     from sklearn_ebound.heads import HELD_OUT_MODULES, docstring_sentences, manual_sentences
 
-    bench = load("bench_decoder_plan")
+    held_out = load("_held_out")
     calibration = docstring_sentences()
-    kinds = {kind: bench._held_out(kind, calibration)
-             for kind in ("modules", "manual", "readmes")}
+    kinds = {kind: held_out.held_out_sentences(kind, calibration) for kind in held_out.KINDS}
     assert all(not set(calibration) & set(held) for held in kinds.values())
     # the held-out modules inherit a docstring or two from the calibration's classes: dropped
     modules = docstring_sentences(HELD_OUT_MODULES)
