@@ -42,58 +42,109 @@ Needs the ``heads`` extra (``transformers``, ``gguf``, ``accelerate``).
 
 import argparse
 import json
+import math
 import time
 
 from _held_out import KINDS, held_out_sentences
 
 
-def _sentence_nll(model, texts, tokenizer):
-    """Each text's summed next-token negative log-likelihood, one text at a time."""
+def _next_token_logits(model, texts, tokenizer):
+    """Each text's next-token logits and targets, one text at a time (64 tokens at most)."""
     import torch
 
-    out = []
     with torch.no_grad():
         for text in texts:
             ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=64)
-            logits = model(**ids).logits[0, :-1].double()
-            target = ids["input_ids"][0, 1:]
-            out.append(float(-torch.log_softmax(logits, -1)[torch.arange(len(target)),
-                                                            target].sum()))
-    return out
+            yield model(**ids).logits[0, :-1], ids["input_ids"][0, 1:]
 
 
-def _measure(model, compressed, held, tokenizer, p0):
+def _nll(logits, target, temperature=1.0):
+    """Summed negative log-likelihood of ``target`` under ``softmax(logits / temperature)``."""
+    import torch
+
+    logp = torch.log_softmax(logits.double() / temperature, -1)
+    return float(-logp[torch.arange(len(target)), target].sum())
+
+
+def _sentence_nll(model, texts, tokenizer, temperature=1.0):
+    """Each text's summed next-token negative log-likelihood at ``temperature``."""
+    return [_nll(z, y, temperature) for z, y in _next_token_logits(model, texts, tokenizer)]
+
+
+def _fitted_temperature(model, texts, tokenizer):
+    """The softmax temperature ``T`` that minimises the next-token loss of ``model`` on
+    ``texts`` (the calibration lines): ``argmin_T sum_t -log softmax(z_t / T)[y_t]``, a
+    convex function of ``1/T``, found by Brent's method on ``log T`` in [1/4, 4]."""
+    import numpy as np
+    from scipy.optimize import minimize_scalar
+
+    pairs = list(_next_token_logits(model, texts, tokenizer))
+    n = sum(len(y) for _, y in pairs)
+    res = minimize_scalar(lambda u: sum(_nll(z, y, np.exp(u)) for z, y in pairs) / n,
+                          bounds=(-np.log(4), np.log(4)), method="bounded",
+                          options={"xatol": 1e-4})
+    return float(np.exp(res.x))
+
+
+def _measure(model, compressed, held, tokenizer, p0, cal=None, original=None):
+    """The held-out perplexity ratio and mean next-token KL of ``compressed``; with ``cal``,
+    also at the temperature fitted to each model on the calibration lines
+    (``original``: the original's ``(temperature, sentence NLLs)`` at its own)."""
     from sklearn_ebound.heads import next_token_kl, perplexity
 
     p = perplexity(compressed, held, tokenizer, max_length=64)
-    return {"perplexity_ratio": p / p0,
-            "kl": next_token_kl(model, compressed, held, tokenizer, max_length=64).mean_kl,
-            "sentence_nll": _sentence_nll(compressed, held, tokenizer)}
+    row = {"perplexity_ratio": p / p0,
+           "kl": next_token_kl(model, compressed, held, tokenizer, max_length=64).mean_kl,
+           "sentence_nll": _sentence_nll(compressed, held, tokenizer)}
+    if cal is not None:
+        t = _fitted_temperature(compressed, cal, tokenizer)
+        row["temperature"] = t
+        row["sentence_nll_matched"] = _sentence_nll(compressed, held, tokenizer, t)
+        gain = sum(row["sentence_nll_matched"]) - sum(original[1])
+        row["perplexity_ratio_matched"] = math.exp(gain / sum(_n_tokens(held, tokenizer)))
+    return row
 
 
-def _paired_intervals(out, n_tokens, reference="uniform", n_boot=5000, seed=0):
+def _row_line(row):
+    line = (f"{row['budget']:.0%} {row['plan']:14s} {row['perplexity_ratio']:.3f}x  "
+            f"KL {row['kl']:.4f}")
+    if "temperature" in row:
+        line += f"  (at T = {row['temperature']:.3f}: {row['perplexity_ratio_matched']:.3f}x)"
+    return line
+
+
+def _n_tokens(texts, tokenizer):
+    """Each text's number of predicted tokens (64 tokens at most)."""
+    return [len(tokenizer(t, truncation=True, max_length=64)["input_ids"]) - 1 for t in texts]
+
+
+def _paired_intervals(out, n_tokens, reference="uniform", n_boot=5000, seed=0, matched=False):
     """90% bootstrap intervals (over held-out sentences) of each row's perplexity ratio minus
-    the ``reference`` row's at the same budget."""
+    the ``reference`` row's at the same budget; ``matched``: of the ratios at the fitted
+    temperatures (``minus_{reference}_90_matched``)."""
     import numpy as np
 
+    suffix = "_matched" if matched else ""
     rng = np.random.default_rng(seed)
-    base = np.asarray(out["sentence_nll_original"])
+    base = np.asarray(out["sentence_nll_original" + suffix])
     draws = rng.integers(0, len(base), (n_boot, len(base)))
     tokens = np.asarray(n_tokens)[draws].sum(1)
 
     def ratios(nll):
         return np.exp((np.asarray(nll)[draws].sum(1) - base[draws].sum(1)) / tokens)
 
-    refs = {r["budget"]: ratios(r["sentence_nll"]) for r in out["rows"]
+    refs = {r["budget"]: ratios(r["sentence_nll" + suffix]) for r in out["rows"]
             if r["plan"] == reference}
     for row in out["rows"]:
         if row["plan"] != reference and row["budget"] in refs:
-            diff = ratios(row["sentence_nll"]) - refs[row["budget"]]
-            row[f"minus_{reference}_90"] = [float(np.quantile(diff, q)) for q in (0.05, 0.95)]
+            diff = ratios(row["sentence_nll" + suffix]) - refs[row["budget"]]
+            row[f"minus_{reference}_90{suffix}"] = [float(np.quantile(diff, q))
+                                                   for q in (0.05, 0.95)]
 
 
-def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
-    """The peers of ``_decoder_peers`` at every budget (their statistics on ``cal``)."""
+def _peer_rows(model, cal, tokenizer, measure, budgets, head_dim):
+    """The peers of ``_decoder_peers`` at every budget (their statistics on ``cal``), each
+    row by ``measure(compressed)``."""
     from _decoder_peers import PEERS, activation_statistics
 
     stats = activation_statistics(model, cal, tokenizer, max_length=64)
@@ -102,9 +153,8 @@ def _peer_rows(model, cal, held, tokenizer, p0, budgets, head_dim):
             step = 1 if name.startswith("Palu") else 2
             rank = int(step * round(budget * head_dim / step))
             row = {"budget": budget, "plan": name, "budget_used": rank / head_dim,
-                   **_measure(model, peer(model, rank, stats), held, tokenizer, p0)}
-            print(f"{budget:.0%} {name:14s} {row['perplexity_ratio']:.3f}x  KL "
-                  f"{row['kl']:.4f}", flush=True)
+                   **measure(peer(model, rank, stats))}
+            print(_row_line(row), flush=True)
             yield row
 
 
@@ -200,6 +250,9 @@ def main(argv=None):
                         help="also the literature's compressions at one rank")
     parser.add_argument("--correlation", action="store_true")
     parser.add_argument("--correlation-rank", type=float, default=0.4)
+    parser.add_argument("--no-temperature", action="store_true",
+                        help="skip the ratios at each model's temperature fitted on the "
+                             "calibration lines")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="PNG of the frontier (needs matplotlib)")
@@ -232,19 +285,29 @@ def main(argv=None):
     sens = head_sensitivity(model, cal, tokenizer=tokenizer)
     t_sens = time.perf_counter() - start - t_curves
     p0 = perplexity(model, held, tokenizer, max_length=64)
-    n_tokens = [len(tokenizer(t, truncation=True, max_length=64)["input_ids"]) - 1
-                for t in held]
+    n_tokens = _n_tokens(held, tokenizer)
     out = {"model": type(model).__name__, "n_texts": len(cal), "n_held_out": len(held),
            "held_out": args.held_out,
            "perplexity_original": p0, "seconds_curves": t_curves,
            "seconds_sensitivity": t_sens, "rows": [],
            "sentence_nll_original": _sentence_nll(model, held, tokenizer)}
+    original = None
+    if not args.no_temperature:  # the original at its own temperature fitted on `cal`
+        t0 = _fitted_temperature(model, cal, tokenizer)
+        original = (t0, _sentence_nll(model, held, tokenizer, t0))
+        out["temperature_original"], out["sentence_nll_original_matched"] = original
+
+    def measure(compressed):
+        return _measure(model, compressed, held, tokenizer, p0,
+                        None if original is None else cal, original)
+
     print(f"{out['model']}: curves {t_curves:.0f} s, Fisher weights {t_sens:.0f} s, "
-          f"original perplexity {p0:.2f}", flush=True)
+          f"original perplexity {p0:.2f}"
+          + ("" if original is None else f", fitted temperature {original[0]:.3f}"), flush=True)
     distilled_at = {float(b) for b in args.distill_budgets.split(",")}
     budgets = [float(b) for b in args.budgets.split(",")]
     if args.peers:
-        out["rows"] += _peer_rows(model, cal, held, tokenizer, p0, budgets, result.head_dim)
+        out["rows"] += _peer_rows(model, cal, tokenizer, measure, budgets, result.head_dim)
         _save(out, args.out)
     for budget in budgets:
         for name, kw in (("uniform", {"allocation": "uniform"}),
@@ -256,13 +319,12 @@ def main(argv=None):
             plan = plan_ranks(result, budget=budget, method="data", **kw)
             compressed = compress_heads(model, result, plan, method="data")
             row = {"budget": budget, "plan": name, "budget_used": plan.budget_used,
-                   **_measure(model, compressed, held, tokenizer, p0)}
+                   **measure(compressed)}
             if name == "taylor":
                 row["first_order_reliability"] = plan.first_order_reliability
             out["rows"].append(row)
             _save(out, args.out)
-            print(f"{budget:.0%} {name:14s} {row['perplexity_ratio']:.3f}x  KL "
-                  f"{row['kl']:.4f}", flush=True)
+            print(_row_line(row), flush=True)
             if name != "fisher" or args.distill_lr is None or budget not in distilled_at:
                 continue
             t0 = time.perf_counter()
@@ -273,17 +335,22 @@ def main(argv=None):
             row = {"budget": budget, "plan": "fisher+distill", "budget_used": plan.budget_used,
                    "seconds": time.perf_counter() - t0,
                    "best_epoch": distilled.distillation_["best_epoch"],
-                   **_measure(model, distilled, held, tokenizer, p0)}
+                   **measure(distilled)}
             out["rows"].append(row)
             _save(out, args.out)
-            print(f"{budget:.0%} fisher+distill {row['perplexity_ratio']:.3f}x  KL "
-                  f"{row['kl']:.4f}  ({row['seconds']:.0f} s)", flush=True)
+            print(f"{_row_line(row)}  ({row['seconds']:.0f} s)", flush=True)
     _paired_intervals(out, n_tokens)
+    if original is not None:
+        _paired_intervals(out, n_tokens, matched=True)
     for row in out["rows"]:
         if "minus_uniform_90" in row:
             lo, hi = row["minus_uniform_90"]
-            print(f"{row['budget']:.0%} {row['plan']:14s} minus uniform: 90% interval "
-                  f"[{lo:+.4f}, {hi:+.4f}]")
+            line = (f"{row['budget']:.0%} {row['plan']:14s} minus uniform: 90% interval "
+                    f"[{lo:+.4f}, {hi:+.4f}]")
+            if "minus_uniform_90_matched" in row:
+                lo, hi = row["minus_uniform_90_matched"]
+                line += f"; at the fitted temperatures [{lo:+.4f}, {hi:+.4f}]"
+            print(line)
     if args.correlation:
         out["correlation"] = _correlation(model, result, sens, held[:16], tokenizer,
                                           args.correlation_rank)

@@ -426,10 +426,39 @@ def test_decoder_plan_quick(load, tmp_path):
                      "taylor"}
     for row in out["rows"]:
         assert row["perplexity_ratio"] > 0 and row["kl"] >= 0 and len(row["sentence_nll"]) == 4
+        assert 0.25 <= row["temperature"] <= 4 and row["perplexity_ratio_matched"] > 0
         if row["plan"] != "uniform":
-            lo, hi = row["minus_uniform_90"]
-            assert lo <= hi
+            for key in ("minus_uniform_90", "minus_uniform_90_matched"):
+                lo, hi = row[key]
+                assert lo <= hi
     assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
+def test_fitted_temperature_minimises_the_calibration_loss(load):
+    # The fitted temperature is the loss's minimum: no nearby temperature does better, and a
+    # model whose logits are scaled by 2 is fitted a temperature twice as large.
+    pytest.importorskip("transformers")
+    import torch
+
+    model, tokenizer, texts = _tiny_llama_with_tokenizer()
+    bench = load("bench_decoder_plan")
+    texts = texts[:4]
+    t = bench._fitted_temperature(model, texts, tokenizer)
+    loss = [sum(bench._sentence_nll(model, texts, tokenizer, t * f)) for f in (0.97, 1, 1.03)]
+    assert loss[1] < min(loss[0], loss[2])
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = 2 * out.logits
+            return out
+
+    np.testing.assert_allclose(bench._fitted_temperature(Scaled(model), texts, tokenizer),
+                               2 * t, rtol=2e-3)
 
 
 def test_decoder_plan_held_out_kinds(load):
