@@ -27,8 +27,12 @@ which depends on what is installed):
   ``--distill-epochs``, early stopping on a fifth of the calibration lines, an epoch that
   does not improve on them sending the columns back to the best state at a quarter of the
   rate);
+* every model's held-out perplexity ratio also at its own softmax temperature, fitted on
+  the calibration lines (the original's too; ``--no-temperature`` skips it): a truncation
+  that only makes an overconfident model less sure of itself gains nothing there;
 * for every row beside the package's ``uniform`` at the same budget, a 90% bootstrap
-  interval (over the held-out sentences, paired) of its perplexity ratio minus uniform's;
+  interval (over the held-out sentences, paired) of its perplexity ratio minus uniform's,
+  and of the same at the fitted temperatures;
 * with ``--correlation``, how well each price predicts what the model loses: every layer
   truncated alone (each head at ``--correlation-rank`` of ``d_h``), its measured next-token
   KL on 16 held-out sentences against the Fisher prediction and the greedy's price
