@@ -20,8 +20,8 @@ The budget is shared by ``--allocation``: for a causal language model by default
 weight, :func:`~sklearn_ebound.heads.head_sensitivity`, read on the calibration half), for
 any other model ``greedy`` on each head's own output error; ``taylor`` (a causal language
 model only) adds each head's first-order loss change along its truncation, for a lower
-perplexity on text of the calibration's kind at a higher KL to the original (on text of
-another kind it can lose to one uniform rank).
+perplexity on text of the calibration's kind at a higher KL to the original, most of it a
+lower confidence (on text of another kind it can lose to one uniform rank).
 ``--train-steps N`` trains the planned pairs (N L-BFGS steps each, on the calibration half)
 in a second pass; ``--refine sequential`` re-fits the compressed pairs layer by layer on the
 compressed model's own inputs (the calibration half) before saving; ``--refine distill``

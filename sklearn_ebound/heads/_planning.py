@@ -124,10 +124,11 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         ``"taylor"``: the Fisher price plus each head's first-order loss change along its
         truncation (:meth:`HeadSensitivityResult.first_order`, shrunk by its split-half
         reliability), spending the whole budget even where the price falls with the rank:
-        the plan for the lowest perplexity on text of the calibration's kind, which moves
-        the model towards that text and so further from the original in KL than
-        ``"fisher"``; on text of another kind it can lose to one uniform rank
-        (:ref:`real_models_taylor`);
+        a lower perplexity on text of the calibration's kind, bought mostly by making an
+        overconfident model less sure of itself, so further from the original in KL than
+        ``"fisher"`` and above one uniform rank once each model's softmax temperature is
+        fitted; on text of another kind it can lose to one uniform rank
+        (:ref:`real_models_taylor`, :ref:`real_models_temperature`);
         ``"tolerance"``: one tolerance for all
         heads (the largest total within the budget); ``"uniform"``: the same rank for every
         head. Measured on
