@@ -184,6 +184,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         Smaller values guard better against reading noise as rank, larger ones find weaker
         directions (``benchmarks/bench_recovery_accuracy.py`` measures both). The Gavish–Donoho
         thresholds (no residual degrees of freedom, no ``y``, a known value map) ignore it.
+    interval_strength : float, default=2.0
+        The strength, in multiples of ``detection_limit_``, of the directions that
+        ``rank_interval_``'s upper end counts: it is the number of directions that could be at
+        least that strong. Weaker ones may hide beyond it (nothing can show those below the
+        detection limit); near or below 1 the end counts directions of any strength, as the
+        sequential test's own top does (a few noise values wide).
     tau : float, default=0.99
         Energy fraction for ``criterion="energy"``, in ``(0, 1]``.
     cv : int, cross-validation generator or iterable, default=5
@@ -268,20 +274,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         The tests run past ``rank_`` up to the first direction too weak to be one (the end
         of ``rank_interval_``).
     rank_interval_ : tuple of int, only where ``noise_model_`` is set
-        ``(low, high)``, inclusive: the ranks the sequential tests cannot tell apart at level
-        ``significance``. ``low = rank_``, less the accepted directions (or the one
-        combination of them) flagged as carried by a handful of contradicting rows
+        ``(low, high)``, inclusive: the ranks consistent with the data among directions at
+        least ``interval_strength`` times ``detection_limit_`` (at least ``low`` directions
+        are real, at most ``high`` are that strong; weaker ones may hide above ``high``).
+        ``low = rank_``, less the accepted directions (or the one combination of them)
+        flagged as carried by a handful of contradicting rows
         (``diagnostics_["influential_directions"]``: the rank may count outliers that are
-        leverage points, and is left as read); ``high`` counts
-        the leading directions whose value noise alone would not exceed in ``1 -
-        significance`` of draws (a real direction of any strength is left out at most that
-        often, so the interval holds the true rank in at least ``1 - 2 significance`` of
-        draws; at ``1e-3`` it passes a few noise values, directions as weak as the detection
-        limit being indistinguishable from them); below 20 residual degrees of freedom, the
-        directions above the centre of the noise's edge at the smallest noise level the
-        residuals allow at ``significance``. Where the energy cap
-        of an approximate attention model set the rank (below what the noise test passed),
-        ``(rank_, rank_)``.
+        leverage points, and is left as read). ``high`` counts the leading directions up to
+        the first whose sample value is too small, at level about 0.025, for one of that
+        strength, equal directions' mutual repulsion allowed for (see the user guide's "How sure the rank is"), and at most the
+        sequential test's own top (the directions whose value noise alone would not exceed in
+        ``1 - significance`` of draws; below 20 residual degrees of freedom, those above the
+        centre of the noise's edge at the smallest noise level the residuals allow): where the
+        planted directions are 0 or at least that strong the interval holds their number in
+        at least ``1 - 2 significance - 0.025`` of draws. On canonical correlations ``high``
+        is the sequential test's top. Where the energy cap of an approximate attention model
+        set the rank (below what the noise test passed), ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set
         The smallest population singular value, in the units of ``singular_values_``, that
         this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the
@@ -344,6 +352,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         "criterion": [StrOptions({"threshold", "rsc", "cv", "energy"})],
         # Below 1e-12 the level 1 - significance is no longer resolved in float64.
         "significance": [Interval(Real, 1e-12, 0.5, closed="left")],
+        "interval_strength": [Interval(Real, 0, None, closed="left")],
         "tau": [Interval(Real, 0, 1, closed="right")],
         "cv": ["cv_object"],
         "fit_intercept": ["boolean"],
@@ -353,8 +362,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def __init__(self, operator="auto", *, attention="softmax", value=None, mask=None,
                  mask_normalization=None, logit_bias=None, criterion="threshold",
-                 significance=1e-3, tau=0.99, cv=5, fit_intercept=True, random_state=None,
-                 lack_of_fit=True):
+                 significance=1e-3, interval_strength=2.0, tau=0.99, cv=5, fit_intercept=True,
+                 random_state=None, lack_of_fit=True):
         self.operator = operator
         self.attention = attention
         self.value = value
@@ -363,6 +372,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self.logit_bias = logit_bias
         self.criterion = criterion
         self.significance = significance
+        self.interval_strength = interval_strength
         self.tau = tau
         self.cv = cv
         self.fit_intercept = fit_intercept
@@ -667,8 +677,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         n_rows = getattr(self._statistics, "n", 0)
         reading, s, components, mean, kernel = read_rank(
             self._fit_mode, self._statistics, self.criterion, significance=self.significance,
-            tau=self.tau, attention=self.attention, cv=self.cv, cv_data=cv_data,
-            fit_intercept=self.fit_intercept,
+            interval_strength=self.interval_strength, tau=self.tau, attention=self.attention,
+            cv=self.cv, cv_data=cv_data, fit_intercept=self.fit_intercept,
             n_tokens=self._sequence_shape[0] if self._sequences else None,
             own_energy=self._own_share_energy(),
             sample=self._rows.sample(n_rows), rng=check_random_state(self.random_state))

@@ -52,6 +52,7 @@ from ._null_edges import (
     tracy_widom_p_value,
     white_edge_law,
 )
+from ._rank_interval import strength_bounded_reading
 from ._reduced_rank import rank_path_scores
 from ._resampled_null import (
     NOISE_MODELS,
@@ -89,7 +90,8 @@ __all__ = [
 
 
 def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
-              cv_data=None, n_tokens=None, own_energy=None, sample=None, rng=None):
+              cv_data=None, n_tokens=None, own_energy=None, sample=None, rng=None,
+              interval_strength=2.0):
     """Solve the statistics ``name`` (of :mod:`._rank_statistics`) and read their rank.
 
     Returns the :class:`RankReading`, the spectrum whose energy the components carry, the
@@ -99,7 +101,8 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
     the per-token operator's systematic energy under its mask, :func:`short_sequence_caveat`,
     or ``None`` without one), ``sample`` the
     rows kept for the residual diagnostics (:class:`._diagnostics.RowSample`) and ``rng`` the
-    generator of their resampling.
+    generator of their resampling. ``interval_strength`` is the strength, in detection
+    limits, of the directions the interval's top counts (:mod:`._rank_interval`).
     """
     kernel = None
     if name == "kernel":
@@ -123,6 +126,7 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
                 reading, operator = calibrated_threshold_rule(
                     statistics, operator, significance, sample, rng,
                     expected=EXPECTED_FAILURES.get(name, ()))
+                reading = strength_bounded_reading(reading, operator, interval_strength)
             else:
                 reading = static_rule(criterion, statistics, operator, significance, tau,
                                       cv_data, cv, fit_intercept)

@@ -246,33 +246,40 @@ def _planted(seed, n=2000, p=20, q=30, rank=3, strength=1.0, limit=None):
 
 
 def test_rank_interval_holds_equal_directions_just_above_the_detection_limit():
-    # Three equal directions at 1.5 times the limit: their weakest sample value falls below
-    # the centre of the noise's edge in about half the draws (what the interval's top used to
-    # count up to), but below noise's own 1e-3 quantile in none.
+    # Three equal directions at 1.5 times the limit, the interval's stated strength: their
+    # weakest sample value falls below the centre of the noise's edge in about half the draws
+    # (what the interval's top used to count up to), and the rank misses them often, but the
+    # top holds them (equal directions repel: the top allows for it).
     limit = _fit(*_planted(100, rank=0))[0].detection_limit_
     held = 0
     for seed in range(30):
-        estimator, _ = _fit(*_planted(seed, strength=1.5, limit=limit))
+        estimator, _ = _fit(*_planted(seed, strength=1.5, limit=limit), interval_strength=1.5)
         low, high = estimator.rank_interval_
         held += low <= 3 <= high
-        # The top counts a direction while its value is not below what noise alone reaches
-        # in all but `significance` of draws.
+        # The tests' p-values run up to the first direction outside the interval.
         p = estimator.p_values_
         assert p.size == min(high + 1, 20)
     assert held >= 29
 
 
 def test_rank_interval_of_white_noise_stops_a_few_values_into_the_bulk():
-    # Each further noise value is compared with the largest of a smaller noise matrix, which
-    # the m-th largest undershoots by a growing margin: the top passes a few noise values,
-    # not the bulk (20 of them here).
-    widths = []
+    # Directions of any strength (interval_strength=0, the sequential test's own top): each
+    # further noise value is compared with the largest of a smaller noise matrix, which the
+    # m-th largest undershoots by a growing margin: the top passes a few noise values, not the
+    # bulk (20 of them here). Directions of twice the detection limit (the default) would
+    # stand clear of the noise's edge: no noise value passes for one.
+    widths, default_widths = [], []
     for seed in range(20):
-        estimator, _ = _fit(*_planted(seed, rank=0))
+        X, Y = _planted(seed, rank=0)
+        estimator, _ = _fit(X, Y, interval_strength=0)
         low, high = estimator.rank_interval_
         assert low == estimator.rank_ == 0
         widths.append(high - low)
+        default, _ = _fit(X, Y)
+        assert default.rank_interval_[0] == 0
+        default_widths.append(default.rank_interval_[1])
     assert max(widths) <= 8 and 1 <= np.mean(widths) <= 6
+    assert max(default_widths) == 0
 
 
 @SETTINGS
