@@ -283,8 +283,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         leverage points, and is left as read). ``high`` counts the leading directions up to
         the first whose sample value is too small, at level about 0.025, for one of that
         strength, equal directions' mutual repulsion allowed for (the user guide's "How sure
-        the rank is"), and at most the sequential test's own top (the directions whose value noise alone would not exceed in
-        ``1 - significance`` of draws; below 20 residual degrees of freedom, those above the
+        the rank is"), and at most the sequential test's own top (the directions whose value
+        noise alone would not exceed in ``1 - significance`` of draws; below 20 residual degrees of freedom, those above the
         centre of the noise's edge at the smallest noise level the residuals allow): where the
         planted directions are 0 or at least that strong the interval holds their number in
         at least ``1 - 2 significance - 0.025`` of draws. On canonical correlations ``high``
