@@ -274,22 +274,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         The tests run past ``rank_`` up to the first direction too weak to be one (the end
         of ``rank_interval_``).
     rank_interval_ : tuple of int, only where ``noise_model_`` is set
-        ``(low, high)``, inclusive: the ranks consistent with the data among directions at
-        least ``interval_strength`` times ``detection_limit_`` (at least ``low`` directions
-        are real, at most ``high`` are that strong; weaker ones may hide above ``high``).
-        ``low = rank_``, less the accepted directions (or the one combination of them)
-        flagged as carried by a handful of contradicting rows
-        (``diagnostics_["influential_directions"]``: the rank may count outliers that are
-        leverage points, and is left as read). ``high`` counts the leading directions up to
-        the first whose sample value is too small, at level about 0.025, for one of that
-        strength, equal directions' mutual repulsion allowed for (the user guide's "How sure
-        the rank is"), and at most the sequential test's own top (the directions whose value
-        noise alone would not exceed in ``1 - significance`` of draws; below 20 residual degrees of freedom, those above the
-        centre of the noise's edge at the smallest noise level the residuals allow): where the
-        planted directions are 0 or at least that strong the interval holds their number in
-        at least ``1 - 2 significance - 0.025`` of draws. On canonical correlations ``high``
-        is the sequential test's top. Where the energy cap of an approximate attention model
-        set the rank (below what the noise test passed), ``(rank_, rank_)``.
+        ``(low, high)``, inclusive: the ranks consistent with the data among directions at least
+        ``interval_strength`` times ``detection_limit_`` (at least ``low`` directions are real,
+        at most ``high`` are that strong; weaker ones may hide above ``high``). ``low = rank_``,
+        less the accepted directions (or the one combination of them) flagged as carried by a
+        handful of contradicting rows (``diagnostics_["influential_directions"]``: the rank may
+        count outliers that are leverage points, and is left as read). ``high`` counts the
+        leading directions up to the first whose sample value is too small, at level about
+        0.025, for one of that strength, equal directions' mutual repulsion allowed for (the
+        user guide's "How sure the rank is"), and at most the sequential test's own top (the
+        directions whose value noise alone would not exceed in ``1 - significance`` of draws;
+        below 20 residual degrees of freedom, those above the centre of the noise's edge at the
+        smallest noise level the residuals allow): where the planted directions are 0 or at
+        least that strong the interval holds their number in at least ``1 - 2 significance -
+        0.025`` of draws. On canonical correlations ``high`` is the sequential test's top. Where
+        the energy cap of an approximate attention model set the rank (below what the noise test
+        passed), ``(rank_, rank_)``.
     detection_limit_ : float, only where ``noise_model_`` is set
         The smallest population singular value, in the units of ``singular_values_``, that
         this ``n_samples``, ``rank(X)``, ``n_targets`` and noise level can detect at all: the
