@@ -164,15 +164,18 @@ def strength_bounded_reading(reading, operator, strength_factor, level=TOP_LEVEL
     n_targets = int(operator.output_directions.shape[0])
     scale = reading.detection_limit / (n_inputs * n_targets) ** 0.25
     scales = [scale]
+    strength = strength_factor * reading.detection_limit
     dof = operator.residual_dof
     if 1 <= dof < _MIN_CERTAIN_DOF:
-        # sigma^2 is sigma^2 chi2_nu / nu: the noise levels its two-sided interval allows.
+        # sigma-hat^2 is sigma^2 chi2_nu / nu: the noise levels its two-sided interval allows,
+        # and the limit itself at the smallest of them (the stated strength is the limit's
+        # multiple, and the limit is only known to that precision).
         nu = dof * n_targets
         scales = [scale * np.sqrt(nu / stats.chi2.ppf(1 - level, nu)), scale,
                   scale * np.sqrt(nu / stats.chi2.ppf(level, nu))]
+        strength *= scales[0] / scale
     low, high = reading.rank_interval
-    top = strength_top(reading.singular_values, scales, n_inputs, n_targets,
-                       strength_factor * reading.detection_limit, level)
+    top = strength_top(reading.singular_values, scales, n_inputs, n_targets, strength, level)
     high = max(reading.rank, min(high, top))
     p_values = reading.p_values
     if p_values is not None and p_values.size > high + 1:
