@@ -22,7 +22,7 @@ TOP_LEVEL = 0.025
 
 # Below 20 residual degrees of freedom the noise level is itself uncertain (as the rank rules
 # say, ``sigma^2 chi2_nu / nu`` with ``nu = dof q``): the top takes the least favourable level
-# within its ``TOP_LEVEL`` confidence bounds.
+# within its ``TOP_LEVEL`` confidence bounds, and the stated strength at the smallest.
 _MIN_CERTAIN_DOF = 20
 
 # Strengths closer to the phase transition than this (in ``t^4 / (m r)``) leave the Gaussian
@@ -155,8 +155,10 @@ def strength_bounded_reading(reading, operator, strength_factor, level=TOP_LEVEL
 
     The detection limit is ``sigma (rank(X) q)^{1/4} / sqrt(n)`` in the spectrum's units, so the
     noise's scale there is ``sigma / sqrt(n) = limit / (rank(X) q)^{1/4}`` (for a resampled
-    null, the white noise with the same edge). Canonical correlations (no unit) keep the
-    sequential test's top."""
+    null, the white noise with the same edge). Below 20 residual degrees of freedom the noise
+    level is uncertain: the top takes the least favourable of the levels its ``level``
+    interval allows, and the strength at the smallest (a limit known to that precision).
+    Canonical correlations (no unit) keep the sequential test's top."""
     if (reading.rank_interval is None or reading.detection_limit is None
             or reading.unit is None or not reading.detection_limit > 0):
         return reading
