@@ -8,7 +8,9 @@ an earlier commit (``--baseline``, exported by ``git archive`` into a scratch fo
 imported from there). Each version runs in its own process, alternating, ``--repeats`` times;
 the fastest time of each fit is kept. It prints, per shape, the mean time a fit takes in each
 version, their ratio, the number of rotation laws drawn, and whether ``rank_`` and
-``rank_interval_`` are the same in every fit (each difference is listed).
+``rank_interval_`` are the same in every fit (each difference is listed). The interval is the
+sequential test's own top (``interval_strength=0`` where the parameter exists), the one the
+rotation laws decide and that earlier versions report.
 
 Run from a git checkout::
 
@@ -64,12 +66,16 @@ def worker(folder, n_seeds, shapes):
         return law(*args, **kwargs)
 
     rank_rules.rotation_null_law = counted
+    # The interval compared is the sequential test's own top (directions of any strength),
+    # which versions before ``interval_strength`` report and the rotation laws decide.
+    params = ({"interval_strength": 0.0}
+              if "interval_strength" in IntrinsicRankEstimator().get_params() else {})
     out = []
     for (n, p, q), rank, seed in cases(n_seeds, shapes):
         data = np.load(folder / f"{n}-{p}-{q}-{rank}-{seed}.npz")
         drawn.clear()
         start = time.process_time()
-        est = IntrinsicRankEstimator().fit(data["X"], data["Y"])
+        est = IntrinsicRankEstimator(**params).fit(data["X"], data["Y"])
         out.append({"case": [n, p, q, rank, seed], "cpu": time.process_time() - start,
                     "rank": int(est.rank_), "interval": [int(v) for v in est.rank_interval_],
                     "laws": len(drawn)})
