@@ -98,7 +98,8 @@ def test_estimate_says_how_sure_the_rank_is(data_dir, capsys):
     assert payload["noise_model"] == "gaussian" and payload["failed_assumptions"] == []
     assert main(["estimate", str(data_dir / "d.npz")]) == 0
     out = capsys.readouterr().out
-    assert "Ranks the tests cannot tell apart (significance 0.001): 2" in out
+    assert ("Ranks consistent with the data among directions at least 2 times the detection "
+            f"limit (significance 0.001): {low if low == high else f'{low}..{high}'}\n") in out
     assert "Detection limit: " in out and "Noise model: gaussian" in out
 
 

@@ -286,8 +286,9 @@ def _headline(args, operator, X, Y, rank):
 
 
 def _how_sure(estimator):
-    """How sure the rank is, for the JSON: the calibration, the interval of ranks the tests
-    cannot tell apart, the p-values and the detection limit (where the estimator has them)."""
+    """How sure the rank is, for the JSON: the calibration, the interval of ranks consistent
+    with the data (among directions at least ``interval_strength`` times the detection limit),
+    the p-values and the detection limit (where the estimator has them)."""
     if not hasattr(estimator, "rank_interval_"):
         return {}
     return {"noise_model": estimator.noise_model_,
@@ -302,7 +303,9 @@ def _how_sure_lines(estimator, significance):
         return []
     low, high = estimator.rank_interval_
     told = (f"{low}" if low == high else f"{low}..{high}")
-    return [f"Ranks the tests cannot tell apart (significance {significance:g}): {told}",
+    strength = getattr(estimator, "interval_strength", 0)
+    return [f"Ranks consistent with the data among directions at least {strength:g} times the "
+            f"detection limit (significance {significance:g}): {told}",
             f"Detection limit: {estimator.detection_limit_:.4g} (a direction weaker than this "
             "is invisible in these data)",
             f"Noise model: {estimator.noise_model_}"]

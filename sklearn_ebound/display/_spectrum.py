@@ -40,8 +40,8 @@ class SpectrumDisplay:
     name : str, default=None
         Legend label of the spectrum.
     rank_interval : tuple of int, default=None
-        ``(low, high)``, the ranks the estimator's sequential tests cannot tell apart
-        (``rank_interval_``), shaded between ``x = low`` and ``x = high``.
+        ``(low, high)``, the ranks consistent with the data among directions of the stated
+        strength (``rank_interval_``), shaded between ``x = low`` and ``x = high``.
     detection_limit : float, default=None
         The smallest population singular value the data can show (``detection_limit_``), as a
         horizontal line: a direction weaker than it is invisible.
@@ -149,7 +149,7 @@ class SpectrumDisplay:
             if high > low:
                 self.rank_interval_span_ = ax.axvspan(
                     low, high, color="tab:red", alpha=0.12,
-                    label=f"ranks not told apart = {low}..{high}")
+                    label=f"ranks consistent with the data = {low}..{high}")
         if self.detection_limit is not None:
             self.detection_limit_line_ = ax.axhline(
                 self.detection_limit, color="tab:gray", linestyle=":", linewidth=1,
