@@ -2,7 +2,7 @@
 
 The estimator does the plumbing (validation, dask, the power-of-two scaling of the data and
 its undoing), chooses the statistics (:mod:`._rank_statistics`), calls one rank rule
-(:func:`._rank_rules.read_rank`) and assigns every fitted attribute in one place.
+(:func:`._rules.read_rank`) and assigns every fitted attribute in one place.
 """
 
 import warnings
@@ -24,7 +24,7 @@ from ._attention_operators import check_attention_pattern, check_lengths, own_sh
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
-from ._rank_rules import NotEnoughData, read_rank
+from ._rules import NotEnoughData, read_rank
 from ._rank_statistics import (
     CV_NEEDS_ALL_DATA,
     choose_statistics,
