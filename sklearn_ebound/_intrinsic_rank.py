@@ -25,14 +25,7 @@ from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
 from ._rules import NotEnoughData, read_rank
-from ._rank_statistics import (
-    CV_NEEDS_ALL_DATA,
-    choose_statistics,
-    criteria_table,
-    new_statistics,
-    row_groups,
-    statistic_rows,
-)
+from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics, criteria_table
 from ._validation import (
     check_groups,
     check_same_sequence_shape,
@@ -409,7 +402,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             return self._read(cv_data=(*self._cv_data(X, y), groups))
         self._read()
-        if self._fit_mode in ("kernel", "per_token") and self.lack_of_fit:
+        if self._kind.attention and self.lack_of_fit:
             self._check_lack_of_fit(X, y, lengths)
         return self
 
@@ -453,7 +446,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                              "partial_fit.")
         self._accumulate(X, y, min_samples=1, groups=groups, lengths=lengths)
         stats = self._statistics
-        self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
+        self.n_samples_seen_ = self._kind.n_seen(stats)
         for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
             self.__dict__.pop(name, None)
         self.__dict__.pop("lack_of_fit_", None)  # a fit's check, not of the chunks
@@ -514,35 +507,38 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         first = self._statistics is None
         if first:
             self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
-        elif (y is None) != (self._fit_mode == "inputs"):
+        elif (y is None) == self._kind.targets:
             raise ValueError("Every chunk must come with targets `y`, or none of them.")
-        attention = self._fit_mode in ("kernel", "per_token")
-        if not attention and (self.mask is not None or lengths is not None
-                              or self.mask_normalization is not None
-                              or self.logit_bias is not None):
+        kind = self._kind
+        if not kind.attention and (self.mask is not None or lengths is not None
+                                   or self.mask_normalization is not None
+                                   or self.logit_bias is not None):
             raise ValueError("`mask`, `mask_normalization`, `logit_bias` and `lengths` describe "
                              "the attention of sequence data and apply only to "
                              "operator='attention' (or 'auto' on 3-D data).")
         X2, Y2 = self._validate_chunk(X, y, first, min_samples)
-        if attention:
+        if kind.attention:
             # a clear error before any work
             check_attention_pattern(self.mask, X2.shape[1], self.attention,
                                     self.mask_normalization, self.logit_bias)
             lengths = check_lengths(lengths, X2.shape[0], X2.shape[1])
         groups = check_groups(groups, X2.shape[0])
         if first:
-            self._statistics, self._scales = new_statistics(
-                self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept,
-                **self._pattern_params())
-        if self._fit_mode == "kernel":
+            self._statistics, self._scales = kind.new(
+                X2, Y2, self.attention, self.value, self.fit_intercept, **self._pattern_params())
+        if kind.kernel:
             self._statistics.update(X2, Y2, lengths)
         else:
-            rows = statistic_rows(self._fit_mode, X2, Y2, self.attention, lengths=lengths,
-                                  **self._pattern_params())
+            rows = kind.rows(X2, Y2, self.attention, lengths=lengths, **self._pattern_params())
             self._keep_rows(X2, rows, groups, lengths)
             self._statistics.update(*rows)
         self._samples_seen += X2.shape[0]
         return groups
+
+    @property
+    def _kind(self):
+        """The kind of statistics fitted (:data:`._rank_statistics.STATISTICS`, a strategy)."""
+        return STATISTICS[self._fit_mode]
 
     def _pattern_params(self):
         """The attention pattern's parameters, as the statistics take them."""
@@ -551,11 +547,10 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _keep_rows(self, X2, rows, groups, lengths=None):
         """Keep the rows of the 2-D statistics (and their groups) for the diagnostics."""
-        if self._fit_mode in ("inputs", "kernel") or self.criterion != "threshold":
+        if not self._kind.diagnosed or self.criterion != "threshold":
             return
         # Sequences of earlier chunks are labelled from the number of samples seen so far.
-        self._rows.add(*rows, row_groups(self._fit_mode, X2, groups, self._samples_seen,
-                                         lengths))
+        self._rows.add(*rows, self._kind.row_groups(X2, groups, self._samples_seen, lengths))
 
     def _reset(self):
         self._statistics = None
@@ -568,7 +563,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             self.__dict__.pop(name, None)
 
     def _validate_chunk(self, X, y, reset, min_samples=1):
-        if self._fit_mode in ("inputs", "static"):
+        if not self._kind.sequences:
             return self._validate_2d(X, y, reset, min_samples)
         return self._validate_sequences(X, y, reset)
 
@@ -599,22 +594,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _accumulate_dask(self, X, y, groups):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
-        self._fit_mode = mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
-        attention, pattern = self.attention, self._pattern_params()
+        self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
+        kind, attention, pattern = self._kind, self.attention, self._pattern_params()
         groups = check_groups(groups, X.shape[0])
 
         def start(first_x, first_y):  # validates and sizes from the first block
             X2, Y2 = self._validate_chunk(first_x, first_y, True)
-            statistics, self._scales = new_statistics(
-                mode, X2, Y2, attention, self.value, self.fit_intercept, **pattern)
+            statistics, self._scales = kind.new(
+                X2, Y2, attention, self.value, self.fit_intercept, **pattern)
             # The first block's rows are kept for the diagnostics (the rest stay on workers).
-            self._keep_rows(X2, statistic_rows(mode, X2, Y2, attention, **pattern),
+            self._keep_rows(X2, kind.rows(X2, Y2, attention, **pattern),
                             None if groups is None else groups[: X2.shape[0]])
             return statistics
 
         def add(statistics, xb, yb):
-            return statistics.update(*statistic_rows(
-                mode, *self._validate_chunk(xb, yb, False), attention, **pattern))
+            return statistics.update(*kind.rows(
+                *self._validate_chunk(xb, yb, False), attention, **pattern))
 
         self._statistics = dask_statistics(X, y, start, add)
         if X.shape[0] < 2:
@@ -631,7 +626,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         scaled as the kernel was fitted; warn where it fails."""
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)  # validated
         lengths = check_lengths(lengths, X.shape[0], X.shape[1])
-        if self._fit_mode == "per_token":  # the operator of the statistics, at their scales
+        if not self._kind.kernel:  # the per-token operator of the statistics, at their scales
             self.lack_of_fit_ = result = per_token_lack_of_fit(
                 X, Y, self.attention, self.mask, lengths,
                 mask_normalization=self.mask_normalization, logit_bias=self.logit_bias,
@@ -666,7 +661,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         """Read the rank by the criterion's rule and set every fitted attribute from it."""
         n_rows = getattr(self._statistics, "n", 0)
         reading, s, components, mean, kernel = read_rank(
-            self._fit_mode, self._statistics, self.criterion, significance=self.significance,
+            self._kind, self._statistics, self.criterion, significance=self.significance,
             tau=self.tau, attention=self.attention, cv=self.cv, cv_data=cv_data,
             fit_intercept=self.fit_intercept,
             n_tokens=self._sequence_shape[0] if self._sequences else None,
@@ -680,7 +675,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     def _own_share_energy(self):
         """The per-token reading's systematic energy under the attention pattern (``None``
         without a mask, weights or bias: then ``2 / n^2``)."""
-        if self._fit_mode != "per_token" or (self.mask is None and self.logit_bias is None):
+        if (not self._kind.attention or self._kind.kernel
+                or (self.mask is None and self.logit_bias is None)):
             return None
         pattern = check_attention_pattern(self.mask, self._sequence_shape[0], self.attention,
                                           self.mask_normalization, self.logit_bias)

@@ -21,19 +21,20 @@ from .cv import cv_rule
 from .energy import cap_by_energy, energy_rule
 from .reading import NotEnoughData, fitted_spectrum
 from .rsc import rsc_rule
-from .static_rank_test import EXPECTED_FAILURES, gaussian_rank_test, static_rank_test
+from .static_rank_test import gaussian_rank_test, static_rank_test
 from .threshold import input_threshold_rule, kernel_threshold_rule
 
 __all__ = ["read_rank", "static_rule"]
 
 
-def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
+def read_rank(kind, statistics, criterion, *, significance, tau, attention, cv, fit_intercept,
               cv_data=None, n_tokens=None, own_energy=None, sample=None, rng=None):
-    """Solve the statistics ``name`` (of :mod:`.._rank_statistics`) and read their rank.
+    """Solve the ``statistics`` of ``kind`` (a :class:`.._rank_statistics.Statistics`) and
+    read their rank.
 
     Returns the :class:`.reading.RankReading`, the spectrum whose energy the components
     carry, the orthonormal input directions of the rank (rows), the input means, and the
-    kernel's least squares (``None`` but for ``name="kernel"``). ``cv_data`` is the ``(X,
+    kernel's least squares (``None`` but for the kernel's statistics). ``cv_data`` is the ``(X,
     Y, groups)`` of ``criterion="cv"``, ``n_tokens`` the sequence length of sequence data
     (``own_energy`` the per-token operator's systematic energy under its mask,
     :func:`.caveats.short_sequence_caveat`, or ``None`` without one), ``sample`` the rows
@@ -41,7 +42,7 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
     generator of their resampling.
     """
     kernel = None
-    if name == "kernel":
+    if kind.kernel:
         kernel = statistics.solve()
         U, s, _ = np.linalg.svd(kernel.kernel)
         reading = (energy_rule(s, tau, "kernel", noise_variance=kernel.noise_variance)
@@ -53,7 +54,7 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             raise NotEnoughData("At least 2 samples are needed to read a rank; got "
                                 f"{statistics.n} so far.")
         mean = statistics.mean_x.copy()
-        if name == "inputs":
+        if not kind.targets:
             s, directions = input_spectrum(statistics)
             reading = (energy_rule(s, tau, "x", s / np.sqrt(statistics.n))
                        if criterion == "energy" else input_threshold_rule(s, statistics))
@@ -63,7 +64,7 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             if criterion == "threshold":
                 reading, operator = static_rank_test(
                     statistics, operator, significance, sample, rng,
-                    expected=EXPECTED_FAILURES.get(name, ()))
+                    expected=kind.expected_failures)
             else:
                 reading = static_rule(criterion, statistics, operator, significance, tau,
                                       cv_data, cv, fit_intercept)
@@ -71,12 +72,12 @@ def read_rank(name, statistics, criterion, *, significance, tau, attention, cv, 
             # Input directions of the rank-r operator B V_r, the reduced-rank factors.
             directions = operator.coef @ operator.output_directions[:, : reading.rank]
         components = orthonormal_directions(directions)
-    reading = _attention_caveats(reading, name, kernel, s, criterion, attention, tau,
+    reading = _attention_caveats(reading, kind, kernel, s, criterion, attention, tau,
                                  n_tokens, own_energy)
     return reading, s, components[: reading.rank], mean, kernel
 
 
-def _attention_caveats(reading, name, kernel, s, criterion, attention, tau, n_tokens,
+def _attention_caveats(reading, kind, kernel, s, criterion, attention, tau, n_tokens,
                        own_energy):
     """The reading with the caveats of the attention models, and capped by the energy of what
     passed where the model is only approximate."""
@@ -91,14 +92,15 @@ def _attention_caveats(reading, name, kernel, s, criterion, attention, tau, n_to
         caveats.append(whitening_caveat(kernel))
     # The model is only approximate for an unknown value map and for the linearised softmax:
     # its error is systematic, so the threshold's rank is capped by the energy of what passed.
-    approximate = name == "per_token" or (name == "kernel" and not exact)
+    per_token = kind.attention and not kind.kernel
+    approximate = per_token or (kind.kernel and not exact)
     if approximate and criterion == "threshold":
         tested = reading.rank
         reading = cap_by_energy(reading, s, tau)
         if reading.rank < tested and reading.rank_interval is not None:
             # The cap, not the noise test, set the rank: the test's interval does not apply.
             reading = replace(reading, rank_interval=(reading.rank, reading.rank))
-        if name == "per_token":
+        if per_token:
             caveats.append(short_sequence_caveat(n_tokens, tau, own_energy))
     return replace(reading, caveats=tuple(c for c in caveats if c))
 
