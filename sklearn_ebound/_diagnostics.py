@@ -14,6 +14,13 @@ fitted values is then a Gaussian matrix whatever the inputs are, so only the noi
   across the groups (an intra-class correlation makes the group means vary too much);
 * **heavy tails**: D'Agostino's test of the projections' excess kurtosis.
 
+Each test is named for the assumption it tests (as statsmodels' ``het_*`` and ``acorr_*``):
+:func:`heteroscedasticity_test`, :func:`serial_dependence_test`,
+:func:`group_dependence_test`, :func:`heavy_tails_test`; :func:`diagnose_residuals` runs them
+on the residual rows. :func:`residuals_are_spherical` (John's and the largest root's tests)
+says whether the residuals are white across the targets, which decides between the white and
+the correlated null laws.
+
 Every family is tested at ``DIAGNOSTIC_LEVEL / 4`` (Bonferroni over its projections), so clean
 Gaussian data switch away from the Tracy–Widom calibration with probability at most
 ``DIAGNOSTIC_LEVEL`` (1e-5). Pure functions of the residual rows: nothing here sets state.
@@ -41,6 +48,10 @@ __all__ = [
     "diagnose_residuals",
     "failed_assumptions",
     "absorbed_group_contrasts",
+    "heteroscedasticity_test",
+    "serial_dependence_test",
+    "group_dependence_test",
+    "heavy_tails_test",
     "residuals_are_spherical",
 ]
 
@@ -294,7 +305,7 @@ def _lm_statistics(designs, target, total):
     return statistics, dfs
 
 
-def _heteroscedasticity(both, means, inputs):
+def heteroscedasticity_test(both, means, inputs):
     """Koenker's studentised Breusch–Pagan test of the squared projections' norms on the
     standardised inputs and, separately, on their squares (Bonferroni over the two).
 
@@ -342,7 +353,7 @@ def _lagged_sums(both, k):
     return lags, sums[:k], sums[k:], totals[:k], totals[k:]
 
 
-def _serial_dependence(lags, products, scales, second):
+def serial_dependence_test(lags, products, scales, second):
     """Portmanteau test of each projection over ``h`` lags, Bonferroni over projections.
 
     The lag-``l`` statistic is self-normalised, ``sum_t u_t u_{t-l} / sqrt(sum_t u_t^2
@@ -361,7 +372,7 @@ def _serial_dependence(lags, products, scales, second):
             "lag1_autocorrelation": max(lag_one, key=abs), "p_value": _min_p(p_values)}
 
 
-def _group_dependence(centred, second, groups):
+def group_dependence_test(centred, second, groups):
     """One-way analysis of variance of each projection across the groups (upper tail);
     ``second`` are the sums of the centred projections' squares."""
     n = centred.shape[1]
@@ -411,7 +422,7 @@ def _kurtosis_z(b2, n):
     return z
 
 
-def _heavy_tails(n, second, fourth):
+def heavy_tails_test(n, second, fourth):
     """Test of each projection's excess kurtosis (upper tail), Bonferroni over projections,
     from the sums of the centred projections' second and fourth powers over ``n`` rows."""
     b2 = [(f / n) / ((s / n if s > 0 else 1.0) ** 2) for s, f in zip(second, fourth, strict=True)]
@@ -454,14 +465,14 @@ def diagnose_residuals(rows, serial=True):
     means = means.tolist()
     if not (any(second) or any(means)):  # no residual in these directions
         return diagnostics
-    diagnostics["heteroscedasticity"] = _heteroscedasticity(both, means, rows.inputs)
+    diagnostics["heteroscedasticity"] = heteroscedasticity_test(both, means, rows.inputs)
     if serial:
-        diagnostics["serial_dependence"] = _serial_dependence(lags, products, scales, second)
+        diagnostics["serial_dependence"] = serial_dependence_test(lags, products, scales, second)
     if rows.groups is not None:
-        groups = _group_dependence(centred, second, rows.groups)
+        groups = group_dependence_test(centred, second, rows.groups)
         if groups is not None:
             diagnostics["group_dependence"] = groups
-    diagnostics["heavy_tails"] = _heavy_tails(n, second, fourth)
+    diagnostics["heavy_tails"] = heavy_tails_test(n, second, fourth)
     return diagnostics
 
 

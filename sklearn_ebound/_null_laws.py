@@ -15,8 +15,7 @@ distributions have them:
 * the rotation test's law given the targets' Gram (Langsrud 2005, :class:`RotationLaw`) and a
   resampled law (:class:`ShiftedGammaLaw`, drawn by :mod:`._resampled_null`);
 * the lower-tail bound of the interval's top (:class:`WhiteFloorLaw`);
-* the shrinkage of the residual covariance matched to its largest eigenvalue, and
-  Marchenko–Pastur's median.
+* the shrinkage of the residual covariance matched to its largest eigenvalue.
 
 A sequential test reads one law per step: once ``k`` directions are accepted, the law of the
 next value. The families of :class:`SequentialNull` give them, step by step.
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
-from scipy import integrate, special, stats
+from scipy import special, stats
 from scipy.integrate import trapezoid
 from scipy.optimize import brentq
 from scipy.special import airy
@@ -48,7 +47,6 @@ __all__ = [
     "LargestEigenvalueLaw",
     "largest_eigenvalue_law",
     "edge_matched_noise_covariance",
-    "marchenko_pastur_median",
     "PointMass",
     "WhiteEdgeLaw",
     "WhiteFloorLaw",
@@ -605,25 +603,6 @@ def edge_matched_noise_covariance(residual, dof, eigh=None):
     return (1 - theta) * sample + theta * mean, vectors
 
 
-def _mp_density(x, beta):
-    """Marchenko–Pastur density of the eigenvalues of ``X X^T / n`` for unit-variance entries."""
-    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
-    return np.sqrt(np.maximum((hi - x) * (x - lo), 0.0)) / (2 * np.pi * beta * x)
-
-
-@lru_cache(maxsize=256)
-def marchenko_pastur_median(beta):
-    """Median of the Marchenko–Pastur law with aspect ratio ``beta = m / n`` in ``(0, 1]``."""
-    if not 0 < beta <= 1:
-        raise ValueError(f"`beta` must lie in (0, 1]. Got {beta!r} instead.")
-    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
-
-    def mass_below(mu):
-        return integrate.quad(_mp_density, lo, mu, args=(beta,), limit=200)[0] - 0.5
-
-    return brentq(mass_below, lo, hi, xtol=1e-12)
-
-
 # --- the laws a sequential test reads: each an object with sf and isf ----------------------
 
 
@@ -783,11 +762,12 @@ class ShiftedGammaLaw:
 
 
 def _inverted_sf(law, q):
-    """The ``x`` with ``law.sf(x) = q``, by bisection (for laws without a closed form)."""
+    """The ``x`` with ``law.sf(x, exact=True) = q``, by bisection (for laws without a closed
+    form)."""
     high = 1.0
-    while law.sf(high) > q:
+    while law.sf(high, exact=True) > q:
         high *= 2
-    return brentq(lambda x: law.sf(x) - q, 0.0, high, xtol=1e-12 * high)
+    return brentq(lambda x: law.sf(x, exact=True) - q, 0.0, high, xtol=1e-12 * high)
 
 
 # --- sequential nulls: the law of each step of a sequential test ---------------------------

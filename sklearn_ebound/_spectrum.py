@@ -1,4 +1,6 @@
-"""Ranks read from a spectrum of singular values.
+"""Ranks read from a spectrum of singular values: energy, entropy and stable ranks, the tail
+energy, and the Gavish–Donoho (2014) optimal hard threshold with the Marchenko–Pastur median it
+needs. Pure spectrum arithmetic: the statistics' layer, below the null laws and the rules.
 
 Every function takes either singular values or matrices:
 
@@ -10,11 +12,13 @@ Every function takes either singular values or matrices:
 A single spectrum or matrix gives a Python scalar; a stack gives an array of its leading shape.
 """
 
+from functools import lru_cache
 from numbers import Integral, Real
 
 import numpy as np
+from scipy import integrate
+from scipy.optimize import brentq
 
-from ._null_laws import marchenko_pastur_median
 from ._validation import check_spectra, spectrum_output
 
 __all__ = [
@@ -118,6 +122,25 @@ def threshold_rank(A, sigma=None, *, shape=None, is_spectrum=None):
     )
     rank = (s > np.asarray(tau)[..., None]).sum(axis=-1)
     return spectrum_output(rank, scalar, np.intp)
+
+
+def _mp_density(x, beta):
+    """Marchenko–Pastur density of the eigenvalues of ``X X^T / n`` for unit-variance entries."""
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+    return np.sqrt(np.maximum((hi - x) * (x - lo), 0.0)) / (2 * np.pi * beta * x)
+
+
+@lru_cache(maxsize=256)
+def marchenko_pastur_median(beta):
+    """Median of the Marchenko–Pastur law with aspect ratio ``beta = m / n`` in ``(0, 1]``."""
+    if not 0 < beta <= 1:
+        raise ValueError(f"`beta` must lie in (0, 1]. Got {beta!r} instead.")
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+
+    def mass_below(mu):
+        return integrate.quad(_mp_density, lo, mu, args=(beta,), limit=200)[0] - 0.5
+
+    return brentq(mass_below, lo, hi, xtol=1e-12)
 
 
 def _lambda_star(beta):

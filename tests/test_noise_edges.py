@@ -419,3 +419,31 @@ def test_rotation_law_keeps_the_skewness_of_the_draws():
         assert fresh.quantile(0.99) == pytest.approx(law.quantile(0.99), abs=0.2 * law.sd)
         assert law.quantile(0.99) != pytest.approx(
             law.mean + law.sd * stats.norm.ppf(0.99), abs=0.01 * law.sd)
+
+
+def test_every_null_law_inverts_its_own_survival_function():
+    # Each null law is one object with sf (a p-value) and isf (an edge), as scipy.stats
+    # distributions are: the edge at q has p-value q.
+    from sklearn_ebound._null_laws import (
+        CanonicalEdgeLaw,
+        PointMass,
+        RatioLaw,
+        RotationLaw,
+        ShiftedGammaLaw,
+        WhiteEdgeLaw,
+        WhiteFloorLaw,
+    )
+
+    spiked = largest_eigenvalue_law(np.r_[np.ones(20), 4.0], 40)
+    laws = [WhiteEdgeLaw(30, 40, unit=2.5), CanonicalEdgeLaw(5, 8, 200),
+            RatioLaw(largest_eigenvalue_law(np.ones(10), 20, detach_spike=False),
+                     largest_eigenvalue_law(np.ones(10), 60), unit=3.0),
+            spiked, RotationLaw(10.0, 2.0, 0.4), ShiftedGammaLaw(40.0, 0.2, -3.0),
+            WhiteFloorLaw(3, 30, unit=0.5)]
+    for law in laws:
+        for q in (1e-3, 0.05, 0.5):
+            edge = law.isf(q)
+            assert law.sf(edge, exact=True) == pytest.approx(q, rel=1e-3), (law, q)
+            assert law.sf(1.01 * edge) < q < law.sf(0.99 * edge)
+    assert PointMass(2.0).isf(0.01) == 2.0 and PointMass(2.0).sf(2.0) == 1.0
+    assert CanonicalEdgeLaw(5, 8, 12).isf(0.01) is None  # too few degrees of freedom: no test

@@ -41,7 +41,6 @@ from .._null_laws import (
     RotationNull,
     WhiteNull,
     edge_matched_noise_covariance,
-    marchenko_pastur_median,
     null_edge_correlated,
     null_edge_white,
 )
@@ -53,11 +52,10 @@ from .._resampled_null import (
     long_run_factor,
     multiplier_clusters,
 )
-from .._spectrum import optimal_hard_threshold
+from .._spectrum import marchenko_pastur_median, optimal_hard_threshold
 from .reading import RankReading, fitted_spectrum
 
 __all__ = [
-    "EXPECTED_FAILURES",
     "static_rank_test",
     "gaussian_rank_test",
     "resampled_rank_test",
@@ -80,17 +78,6 @@ _MIN_CLUSTERS = 30
 # whiten the directions the influence check reads (fewer leave its inverse too noisy).
 _WHITENING_EXTRA_DOF = 30
 
-# Assumptions that the rows of sequence data fail by construction, so that the calibration
-# that drops them is taken without a warning: the tokens (or channels) of one sequence are
-# dependent, and are grouped by sequence; with an unknown value map the residuals also carry
-# the per-token operator's systematic error, which depends on the inputs and has heavy tails.
-EXPECTED_FAILURES = {
-    "token_mixing": ("serial_dependence", "group_dependence"),
-    "per_token": ("heteroscedasticity", "serial_dependence", "group_dependence",
-                  "heavy_tails"),
-}
-
-
 # --- the calibrated test ----------------------------------------------------------------
 
 
@@ -110,8 +97,9 @@ def static_rank_test(moments, operator, significance, sample=None, rng=None, exp
     Returns the reading and the operator it was read from (the prewhitened one after a
     prewhitening). Without a sample, or without residual degrees of freedom, the Gaussian test.
     The reading's caveat names the failed assumptions unless all of them are ``expected``
-    (keys of :data:`.._diagnostics.ASSUMPTIONS` the rows fail by construction, as those of
-    :data:`EXPECTED_FAILURES`): ``noise_model`` and ``diagnostics`` say it either way.
+    (keys of :data:`.._diagnostics.ASSUMPTIONS` the rows fail by construction, as the
+    ``expected_failures`` of :data:`.._rank_statistics.STATISTICS`): ``noise_model`` and
+    ``diagnostics`` say it either way.
     """
     gaussian = gaussian_rank_test(moments, operator, significance)
     if (sample is None or operator.residual_dof < _MIN_DIAGNOSTIC_DOF
