@@ -42,8 +42,8 @@ _OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_se
                         "detection_limit_", "lack_of_fit_")
 # Reading attributes that come from a reading's field of the same name.
 _READING_ATTRIBUTES = ("noise_model", "diagnostics", "p_values", "rank_interval")
-# Attributes read from the solved statistics: after partial_fit they are computed when first
-# read (the solve is lazy), so that many small chunks cost no solve each.
+# Attributes read from the solved statistics, set by every fit and partial_fit (removed while
+# the chunks seen so far are too few to read a rank).
 _READ_ATTRIBUTES = ("rank_", "singular_values_", "threshold_", "noise_variance_", "mean_",
                     "qk_kernel_", "logit_rms_", "cv_results_", "explained_energy_",
                     "components_", "noise_model_", "diagnostics_", "p_values_",
@@ -407,16 +407,15 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         return self
 
     def partial_fit(self, X, y=None, groups=None, lengths=None):
-        """Add a chunk of data; the rank is read from everything seen so far when first asked.
+        """Add a chunk of data and read the rank from everything seen so far.
 
         The accumulated moments equal those of one :meth:`fit` on all the chunks (to rounding),
         in memory independent of the number of samples (the attention kernel's matrix-free
-        solver and the softmax fit keep the sequences themselves). The statistics are solved
-        lazily: reading ``rank_`` or any other fitted attribute after a chunk solves them once
-        (and emits that reading's warnings), so many small chunks cost one solve. Until the
-        chunks hold enough samples to read a rank (two, more for ``criterion="rsc"``),
-        ``rank_`` is not set. ``criterion="cv"`` needs all the data at once and is not
-        available.
+        solver and the softmax fit keep the sequences themselves). Every call solves them and
+        sets the fitted attributes (and emits that reading's warnings), as :meth:`fit` does: each
+        call pays one solve, so chunks should be large. Until the chunks hold enough samples to
+        read a rank (two, more for ``criterion="rsc"``), ``rank_`` is not set.
+        ``criterion="cv"`` needs all the data at once and is not available.
 
         The residual diagnostics and the resampled null need rows, which moments do not keep:
         the first 20,000 rows (tokens, for sequences) are kept for them, in the order they
@@ -447,24 +446,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self._accumulate(X, y, min_samples=1, groups=groups, lengths=lengths)
         stats = self._statistics
         self.n_samples_seen_ = self._kind.n_seen(stats)
-        for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
+        for name in (*_READ_ATTRIBUTES, "lack_of_fit_"):  # a fit's check, not of the chunks
             self.__dict__.pop(name, None)
-        self.__dict__.pop("lack_of_fit_", None)  # a fit's check, not of the chunks
-        self._unread = True
+        try:
+            self._read(stacklevel=3)
+        except NotEnoughData:
+            pass  # not fitted to a rank yet: the next chunks may give enough samples
         return self
-
-    def __getattr__(self, name):
-        # Only called for attributes not set: a fitted one after partial_fit is read now.
-        if name in _READ_ATTRIBUTES and self.__dict__.get("_unread", False):
-            self.__dict__["_unread"] = False
-            try:
-                self._read()
-            except NotEnoughData as error:
-                self.__dict__["_unread"] = True
-                raise AttributeError(f"{name} is not set yet: {error}") from error
-            if name in self.__dict__:
-                return self.__dict__[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def transform(self, X):
         """Project the centred inputs onto the ``rank_`` input directions.
@@ -556,7 +544,6 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         self._statistics = None
         self._rows = RowKeeper()
         self._samples_seen = 0
-        self._unread = False
         for name in _READ_ATTRIBUTES:
             self.__dict__.pop(name, None)
         for name in _OPTIONAL_ATTRIBUTES:  # set by some statistics or criteria only
@@ -657,8 +644,9 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     # --- reading the rank --------------------------------------------------------------------
 
-    def _read(self, cv_data=None):
-        """Read the rank by the criterion's rule and set every fitted attribute from it."""
+    def _read(self, cv_data=None, stacklevel=4):
+        """Read the rank by the criterion's rule and set every fitted attribute from it
+        (``stacklevel``: of the warnings, the user's call of fit or partial_fit)."""
         n_rows = getattr(self._statistics, "n", 0)
         reading, s, components, mean, kernel = read_rank(
             self._kind, self._statistics, self.criterion, significance=self.significance,
@@ -669,7 +657,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             sample=self._rows.sample(n_rows), rng=check_random_state(self.random_state))
         self._set_fitted_attributes(reading, s, components, mean, kernel)
         for caveat in filter(None, [*reading.caveats, self._overflow_caveat()]):
-            warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
+            warnings.warn(caveat, RankEstimationWarning, stacklevel=stacklevel)
         return self
 
     def _own_share_energy(self):
