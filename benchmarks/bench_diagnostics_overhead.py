@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-import sklearn_ebound._rank_rules as rank_rules
+import sklearn_ebound._rules.dispatch as dispatch
 from sklearn_ebound import IntrinsicRankEstimator
 
 # (n_samples, n_features, n_targets, rank)
@@ -29,17 +29,17 @@ TARGET = 1.2
 
 @contextmanager
 def diagnostics_off():
-    """The calibrated threshold rule without rows to diagnose: the Tracy–Widom reading."""
-    calibrated = rank_rules.calibrated_threshold_rule
+    """The static rank test without rows to diagnose: the Tracy–Widom reading."""
+    calibrated = dispatch.static_rank_test
 
     def without_rows(moments, operator, significance, sample=None, rng=None, **kwargs):
         return calibrated(moments, operator, significance, None, rng, **kwargs)
 
-    rank_rules.calibrated_threshold_rule = without_rows
+    dispatch.static_rank_test = without_rows
     try:
         yield
     finally:
-        rank_rules.calibrated_threshold_rule = calibrated
+        dispatch.static_rank_test = calibrated
 
 
 def clean_task(n, p, q, rank, rng):

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sklearn_ebound._null_edges import null_edge_white
+from sklearn_ebound._null_laws import null_edge_white
 
 RESULTS = Path(__file__).resolve().parent / "results" / "power_oracle.json"
 TARGET = 0.9

@@ -88,7 +88,7 @@ from sklearn.model_selection import GridSearchCV
 from threadpoolctl import threadpool_limits
 
 from sklearn_ebound import IntrinsicRankEstimator, ReducedRankRegressor
-from sklearn_ebound._null_edges import largest_eigenvalue_law
+from sklearn_ebound._null_laws import largest_eigenvalue_law
 from sklearn_ebound.datasets import make_static_task
 from sklearn_ebound.datasets._static import ar1_covariance
 from sklearn_ebound.exceptions import RankEstimationWarning

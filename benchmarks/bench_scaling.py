@@ -30,7 +30,7 @@ from sklearn.linear_model import LinearRegression
 from sklearn_ebound import IntrinsicRankEstimator
 from sklearn_ebound._least_squares import solve_static
 from sklearn_ebound._moments import Moments
-from sklearn_ebound._rank_rules import threshold_rule
+from sklearn_ebound._rules.static_rank_test import gaussian_rank_test
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "scaling.json"
@@ -59,7 +59,7 @@ def chunks(n_rows, p, q, chunk_rows, seed=0):
 def _rank_from_moments(moments):
     """The default criterion's rank read from accumulated moments (the estimator's own rule)."""
     significance = IntrinsicRankEstimator().significance
-    return threshold_rule(moments, solve_static(moments), significance).rank
+    return gaussian_rank_test(moments, solve_static(moments), significance).rank
 
 
 def stream_fit(n_rows, p, q, chunk_rows):

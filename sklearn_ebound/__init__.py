@@ -20,7 +20,7 @@ _HOMES = {
     "excess_risk_curve": "._deficiency",
     "energy_rank": "._spectrum",
     "entropy_rank": "._spectrum",
-    "optimal_hard_threshold": "._null_edges",
+    "optimal_hard_threshold": "._spectrum",
     "stable_rank": "._spectrum",
     "tail_energy": "._spectrum",
     "threshold_rank": "._spectrum",

@@ -437,7 +437,7 @@ def own_share_energy(pattern, n_tokens):
     query's own share of its normalised weights at a zero kernel), each query weighted as
     :func:`per_token_data` weights its row (``|K_i| / n``): the relative energy of the
     per-token operator's systematic term, ``2 / n^2`` without a mask (see
-    :func:`._rank_rules.short_sequence_caveat`). A causal mask's first queries see few keys,
+    :func:`._rules.caveats.short_sequence_caveat`). A causal mask's first queries see few keys,
     so their own share is large: ``0.025`` at ``n = 24``, against ``0.0035`` unmasked."""
     allowed = pattern.keys(None, n_tokens)
     if allowed is None:

@@ -3,8 +3,9 @@
 Outliers that are also leverage points (a few rows whose inputs lie far from the others and
 whose targets are shifted) give the least-squares operator a direction of their own: the
 fitted values along it are large on those rows and near zero elsewhere. The resampled test
-of :func:`._rank_rules.resampled_threshold_rule` counts it as signal, since it is as strong as
-one; what tells it apart is how few rows carry it, and that the other rows contradict them.
+of :func:`._rules.static_rank_test.resampled_rank_test` counts it as signal, since it is as
+strong as one; what tells it apart is how few rows carry it, and that the other rows
+contradict them.
 
 For an accepted direction ``v_k`` (a right singular vector of the fitted values in the metric
 the rule read, on the target side), the rows' fitted values along it, ``a_i = f_iᵀ v_k``, have

@@ -2,7 +2,7 @@
 
 The estimator does the plumbing (validation, dask, the power-of-two scaling of the data and
 its undoing), chooses the statistics (:mod:`._rank_statistics`), calls one rank rule
-(:func:`._rank_rules.read_rank`) and assigns every fitted attribute in one place.
+(:func:`._rules.read_rank`) and assigns every fitted attribute in one place.
 """
 
 import warnings
@@ -24,15 +24,8 @@ from ._attention_operators import check_attention_pattern, check_lengths, own_sh
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
-from ._rank_rules import NotEnoughData, read_rank
-from ._rank_statistics import (
-    CV_NEEDS_ALL_DATA,
-    choose_statistics,
-    criteria_table,
-    new_statistics,
-    row_groups,
-    statistic_rows,
-)
+from ._rules import NotEnoughData, read_rank
+from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics, criteria_table
 from ._validation import (
     check_groups,
     check_same_sequence_shape,
@@ -49,8 +42,8 @@ _OPTIONAL_ATTRIBUTES = ("qk_kernel_", "logit_rms_", "cv_results_", "n_samples_se
                         "detection_limit_", "lack_of_fit_")
 # Reading attributes that come from a reading's field of the same name.
 _READING_ATTRIBUTES = ("noise_model", "diagnostics", "p_values", "rank_interval")
-# Attributes read from the solved statistics: after partial_fit they are computed when first
-# read (the solve is lazy), so that many small chunks cost no solve each.
+# Attributes read from the solved statistics, set by every fit and partial_fit (removed while
+# the chunks seen so far are too few to read a rank).
 _READ_ATTRIBUTES = ("rank_", "singular_values_", "threshold_", "noise_variance_", "mean_",
                     "qk_kernel_", "logit_rms_", "cv_results_", "explained_energy_",
                     "components_", "noise_model_", "diagnostics_", "p_values_",
@@ -419,21 +412,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self.criterion == "cv":
             return self._read(cv_data=(*self._cv_data(X, y), groups))
         self._read()
-        if self._fit_mode in ("kernel", "per_token") and self.lack_of_fit:
+        if self._kind.attention and self.lack_of_fit:
             self._check_lack_of_fit(X, y, lengths)
         return self
 
-    def partial_fit(self, X, y=None, groups=None, lengths=None):
-        """Add a chunk of data; the rank is read from everything seen so far when first asked.
+    def partial_fit(self, X=None, y=None, groups=None, lengths=None, *, solve=True):
+        """Add a chunk of data and read the rank from everything seen so far.
 
         The accumulated moments equal those of one :meth:`fit` on all the chunks (to rounding),
         in memory independent of the number of samples (the attention kernel's matrix-free
-        solver and the softmax fit keep the sequences themselves). The statistics are solved
-        lazily: reading ``rank_`` or any other fitted attribute after a chunk solves them once
-        (and emits that reading's warnings), so many small chunks cost one solve. Until the
-        chunks hold enough samples to read a rank (two, more for ``criterion="rsc"``),
-        ``rank_`` is not set. ``criterion="cv"`` needs all the data at once and is not
-        available.
+        solver and the softmax fit keep the sequences themselves). Every call solves them and
+        sets the fitted attributes (and emits that reading's warnings), as :meth:`fit` does: each
+        call pays one solve, so chunks should be large, or all but the last added with
+        ``solve=False`` (then ``partial_fit()`` without data reads the rank, as
+        :class:`~sklearn.cluster.Birch` does). Until the chunks hold enough samples to read a
+        rank (two, more for ``criterion="rsc"``), ``rank_`` is not set.
+        ``criterion="cv"`` needs all the data at once and is not available.
 
         The residual diagnostics and the resampled null need rows, which moments do not keep:
         the first 20,000 rows (tokens, for sequences) are kept for them, in the order they
@@ -444,17 +438,28 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         Parameters
         ----------
-        X, y : array-like
+        X, y : array-like, default=None
             As in :meth:`fit`; every chunk must have the same number of features (and tokens).
+            ``X=None`` adds nothing and reads the rank of the chunks added so far.
         groups : array-like of shape (n_samples,), default=None
             As in :meth:`fit`; a label means the same group in every chunk.
         lengths : array-like of shape (n_samples,), default=None
             As in :meth:`fit`.
+        solve : bool, default=True
+            Read the rank after adding the chunk. With ``False`` the chunk is only accumulated
+            and the attributes of an earlier reading are removed, since they no longer describe
+            the chunks seen.
 
         Returns
         -------
         self : object
         """
+        if X is None:
+            if getattr(self, "_statistics", None) is None:
+                raise ValueError("partial_fit() without data reads the chunks added so far; "
+                                 "none were added. Pass X (and y).")
+            self._read(stacklevel=3)
+            return self
         if getattr(self, "_statistics", None) is None:
             self._validate_params()
             self._reset()
@@ -463,25 +468,16 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
                              "partial_fit.")
         self._accumulate(X, y, min_samples=1, groups=groups, lengths=lengths)
         stats = self._statistics
-        self.n_samples_seen_ = stats.n_sequences if self._fit_mode == "kernel" else stats.n
-        for name in _READ_ATTRIBUTES:  # stale: read again from all the chunks when asked
+        self.n_samples_seen_ = self._kind.n_seen(stats)
+        for name in (*_READ_ATTRIBUTES, "lack_of_fit_"):  # a fit's check, not of the chunks
             self.__dict__.pop(name, None)
-        self.__dict__.pop("lack_of_fit_", None)  # a fit's check, not of the chunks
-        self._unread = True
+        if not solve:
+            return self
+        try:
+            self._read(stacklevel=3)
+        except NotEnoughData:
+            pass  # not fitted to a rank yet: the next chunks may give enough samples
         return self
-
-    def __getattr__(self, name):
-        # Only called for attributes not set: a fitted one after partial_fit is read now.
-        if name in _READ_ATTRIBUTES and self.__dict__.get("_unread", False):
-            self.__dict__["_unread"] = False
-            try:
-                self._read()
-            except NotEnoughData as error:
-                self.__dict__["_unread"] = True
-                raise AttributeError(f"{name} is not set yet: {error}") from error
-            if name in self.__dict__:
-                return self.__dict__[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def transform(self, X):
         """Project the centred inputs onto the ``rank_`` input directions.
@@ -524,35 +520,38 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         first = self._statistics is None
         if first:
             self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
-        elif (y is None) != (self._fit_mode == "inputs"):
+        elif (y is None) == self._kind.targets:
             raise ValueError("Every chunk must come with targets `y`, or none of them.")
-        attention = self._fit_mode in ("kernel", "per_token")
-        if not attention and (self.mask is not None or lengths is not None
-                              or self.mask_normalization is not None
-                              or self.logit_bias is not None):
+        kind = self._kind
+        if not kind.attention and (self.mask is not None or lengths is not None
+                                   or self.mask_normalization is not None
+                                   or self.logit_bias is not None):
             raise ValueError("`mask`, `mask_normalization`, `logit_bias` and `lengths` describe "
                              "the attention of sequence data and apply only to "
                              "operator='attention' (or 'auto' on 3-D data).")
         X2, Y2 = self._validate_chunk(X, y, first, min_samples)
-        if attention:
+        if kind.attention:
             # a clear error before any work
             check_attention_pattern(self.mask, X2.shape[1], self.attention,
                                     self.mask_normalization, self.logit_bias)
             lengths = check_lengths(lengths, X2.shape[0], X2.shape[1])
         groups = check_groups(groups, X2.shape[0])
         if first:
-            self._statistics, self._scales = new_statistics(
-                self._fit_mode, X2, Y2, self.attention, self.value, self.fit_intercept,
-                **self._pattern_params())
-        if self._fit_mode == "kernel":
+            self._statistics, self._scales = kind.new(
+                X2, Y2, self.attention, self.value, self.fit_intercept, **self._pattern_params())
+        if kind.kernel:
             self._statistics.update(X2, Y2, lengths)
         else:
-            rows = statistic_rows(self._fit_mode, X2, Y2, self.attention, lengths=lengths,
-                                  **self._pattern_params())
+            rows = kind.rows(X2, Y2, self.attention, lengths=lengths, **self._pattern_params())
             self._keep_rows(X2, rows, groups, lengths)
             self._statistics.update(*rows)
         self._samples_seen += X2.shape[0]
         return groups
+
+    @property
+    def _kind(self):
+        """The kind of statistics fitted (:data:`._rank_statistics.STATISTICS`, a strategy)."""
+        return STATISTICS[self._fit_mode]
 
     def _pattern_params(self):
         """The attention pattern's parameters, as the statistics take them."""
@@ -561,24 +560,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _keep_rows(self, X2, rows, groups, lengths=None):
         """Keep the rows of the 2-D statistics (and their groups) for the diagnostics."""
-        if self._fit_mode in ("inputs", "kernel") or self.criterion != "threshold":
+        if not self._kind.diagnosed or self.criterion != "threshold":
             return
         # Sequences of earlier chunks are labelled from the number of samples seen so far.
-        self._rows.add(*rows, row_groups(self._fit_mode, X2, groups, self._samples_seen,
-                                         lengths))
+        self._rows.add(*rows, self._kind.row_groups(X2, groups, self._samples_seen, lengths))
 
     def _reset(self):
         self._statistics = None
         self._rows = RowKeeper()
         self._samples_seen = 0
-        self._unread = False
         for name in _READ_ATTRIBUTES:
             self.__dict__.pop(name, None)
         for name in _OPTIONAL_ATTRIBUTES:  # set by some statistics or criteria only
             self.__dict__.pop(name, None)
 
     def _validate_chunk(self, X, y, reset, min_samples=1):
-        if self._fit_mode in ("inputs", "static"):
+        if not self._kind.sequences:
             return self._validate_2d(X, y, reset, min_samples)
         return self._validate_sequences(X, y, reset)
 
@@ -609,22 +606,22 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _accumulate_dask(self, X, y, groups):
         """Statistics of dask arrays: one task per block of samples, merged as a tree."""
-        self._fit_mode = mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
-        attention, pattern = self.attention, self._pattern_params()
+        self._fit_mode = choose_statistics(X, y, self.operator, self.value, self.criterion)
+        kind, attention, pattern = self._kind, self.attention, self._pattern_params()
         groups = check_groups(groups, X.shape[0])
 
         def start(first_x, first_y):  # validates and sizes from the first block
             X2, Y2 = self._validate_chunk(first_x, first_y, True)
-            statistics, self._scales = new_statistics(
-                mode, X2, Y2, attention, self.value, self.fit_intercept, **pattern)
+            statistics, self._scales = kind.new(
+                X2, Y2, attention, self.value, self.fit_intercept, **pattern)
             # The first block's rows are kept for the diagnostics (the rest stay on workers).
-            self._keep_rows(X2, statistic_rows(mode, X2, Y2, attention, **pattern),
+            self._keep_rows(X2, kind.rows(X2, Y2, attention, **pattern),
                             None if groups is None else groups[: X2.shape[0]])
             return statistics
 
         def add(statistics, xb, yb):
-            return statistics.update(*statistic_rows(
-                mode, *self._validate_chunk(xb, yb, False), attention, **pattern))
+            return statistics.update(*kind.rows(
+                *self._validate_chunk(xb, yb, False), attention, **pattern))
 
         self._statistics = dask_statistics(X, y, start, add)
         if X.shape[0] < 2:
@@ -641,7 +638,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         scaled as the kernel was fitted; warn where it fails."""
         X, Y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)  # validated
         lengths = check_lengths(lengths, X.shape[0], X.shape[1])
-        if self._fit_mode == "per_token":  # the operator of the statistics, at their scales
+        if not self._kind.kernel:  # the per-token operator of the statistics, at their scales
             self.lack_of_fit_ = result = per_token_lack_of_fit(
                 X, Y, self.attention, self.mask, lengths,
                 mask_normalization=self.mask_normalization, logit_bias=self.logit_bias,
@@ -672,11 +669,12 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     # --- reading the rank --------------------------------------------------------------------
 
-    def _read(self, cv_data=None):
-        """Read the rank by the criterion's rule and set every fitted attribute from it."""
+    def _read(self, cv_data=None, stacklevel=4):
+        """Read the rank by the criterion's rule and set every fitted attribute from it
+        (``stacklevel``: of the warnings, the user's call of fit or partial_fit)."""
         n_rows = getattr(self._statistics, "n", 0)
         reading, s, components, mean, kernel = read_rank(
-            self._fit_mode, self._statistics, self.criterion, significance=self.significance,
+            self._kind, self._statistics, self.criterion, significance=self.significance,
             interval_strength=self.interval_strength, tau=self.tau, attention=self.attention,
             cv=self.cv, cv_data=cv_data, fit_intercept=self.fit_intercept,
             n_tokens=self._sequence_shape[0] if self._sequences else None,
@@ -684,13 +682,14 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
             sample=self._rows.sample(n_rows), rng=check_random_state(self.random_state))
         self._set_fitted_attributes(reading, s, components, mean, kernel)
         for caveat in filter(None, [*reading.caveats, self._overflow_caveat()]):
-            warnings.warn(caveat, RankEstimationWarning, stacklevel=4)
+            warnings.warn(caveat, RankEstimationWarning, stacklevel=stacklevel)
         return self
 
     def _own_share_energy(self):
         """The per-token reading's systematic energy under the attention pattern (``None``
         without a mask, weights or bias: then ``2 / n^2``)."""
-        if self._fit_mode != "per_token" or (self.mask is None and self.logit_bias is None):
+        if (not self._kind.attention or self._kind.kernel
+                or (self.mask is None and self.logit_bias is None)):
             return None
         pattern = check_attention_pattern(self.mask, self._sequence_shape[0], self.attention,
                                           self.mask_normalization, self.logit_bias)

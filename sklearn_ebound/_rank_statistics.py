@@ -1,11 +1,12 @@
 """The statistics a rank is read from, chosen by the data and the estimator's settings.
 
-One table, :data:`STATISTICS`, says for each kind of statistics which data and settings lead
-to it, what it is, and which criteria can read a rank from it; the estimator's errors and its
-docstring are written from it.
+One table, :data:`STATISTICS`, holds each kind of statistics as a strategy object
+(:class:`Statistics`): which data and settings lead to it, what it is, which criteria can read
+a rank from it, and how its rows, groups and empty statistics are made; the estimator asks it
+instead of testing the kind's name, and its errors and docstring are written from it.
 """
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 from sklearn.utils import check_array
@@ -24,45 +25,126 @@ __all__ = [
     "choose_statistics",
     "check_criterion",
     "criteria_table",
-    "new_statistics",
-    "statistic_rows",
-    "row_groups",
+    "Statistics",
+    "value_map",
 ]
 
 
-class Statistics(NamedTuple):
-    """One kind of statistics: the data that feed it, what is solved, the criteria it allows."""
+@dataclass(frozen=True)
+class Statistics:
+    """One kind of statistics, a strategy: the data that feed it, what is solved, the criteria
+    it allows, and how its rows and groups are formed.
 
+    ``sequences``: fed by 3-D sequence data; ``targets``: with targets ``y``; ``attention``:
+    the rank of attention (the kernel or the per-token operator); ``kernel``: the query–key
+    kernel's own least squares (sequences kept whole, no 2-D rows); ``expected_failures``:
+    the assumptions of :data:`._diagnostics.ASSUMPTIONS` its rows fail by construction, so
+    that the calibration that drops them is taken without a warning.
+    """
+
+    name: str
     data: str
     operator: str
     criteria: tuple
     why: str = ""
+    sequences: bool = False
+    targets: bool = True
+    attention: bool = False
+    kernel: bool = False
+    expected_failures: tuple = ()
+
+    @property
+    def diagnosed(self):
+        """Whether the rows of the statistics are kept for the residual diagnostics."""
+        return self.targets and not self.kernel
+
+    def n_seen(self, statistics):
+        """The samples the statistics hold: sequences for the kernel, rows otherwise."""
+        return statistics.n_sequences if self.kernel else statistics.n
+
+    def rows(self, X, Y, attention, mask=None, lengths=None, mask_normalization=None,
+             logit_bias=None):
+        """The rows the 2-D statistics are made of, for one validated chunk (per-token: of
+        sequences with the attention ``mask`` (its ``mask_normalization``, a ``logit_bias``)
+        and padding ``lengths``)."""
+        if self.name == "token_mixing":
+            return token_mixing_data(X, Y)
+        if self.name == "per_token":
+            pattern = check_attention_pattern(mask, X.shape[1], attention, mask_normalization,
+                                              logit_bias)
+            return per_token_data(X, Y, center_sequences=attention == "softmax", mask=pattern,
+                                  lengths=lengths)
+        return X, Y
+
+    def row_groups(self, X, groups, offset=0, lengths=None):
+        """Group labels of the :meth:`rows` of a chunk ``X`` with ``groups`` labels per sample
+        (or ``None``).
+
+        Rows of sequence data are grouped by sequence: by the sequences' own ``groups`` where
+        given, else each sequence is its own group (labelled from ``offset``, the sequences
+        of earlier chunks). 2-D data have ``groups`` as they are. Padded sequences
+        (``lengths``, validated) give the per-token statistics ``lengths[s]`` rows each.
+        """
+        if not self.sequences:
+            return groups
+        labels = np.arange(offset, offset + X.shape[0]) if groups is None else groups
+        if self.name == "per_token" and lengths is not None:
+            return np.repeat(labels, lengths)
+        # per_token: the rows are the tokens of each sequence; token_mixing: its channels.
+        return np.repeat(labels, X.shape[1] if self.name == "per_token" else X.shape[2])
+
+    def new(self, X, Y, attention, value, center, mask=None, mask_normalization=None,
+            logit_bias=None):
+        """Empty statistics for data shaped like the first chunk, and their scales (``mask``,
+        ``mask_normalization``, ``logit_bias``: the attention pattern of the kernel).
+
+        The data enter divided by the powers of two of the first chunk (exact), so that the
+        products of extreme data stay finite; the scales ``(s_x, s_y)`` are returned with them.
+        """
+        scales = (power_of_two_scale(X), power_of_two_scale(Y))
+        if self.kernel:
+            # The value map V takes X's units to Y's: one common scale keeps it valid.
+            scales = (max(scales),) * 2
+            V = value_map(value, X.shape[2], Y.shape[2])
+            return KernelMoments(V, attention, scale=scales[0], mask=mask,
+                                 mask_normalization=mask_normalization,
+                                 logit_bias=logit_bias), scales
+        X2, Y2 = self.rows(X[:1], Y[:1], attention)
+        return Moments.empty(X2.shape[1], Y2.shape[1], center=center, scale_x=scales[0],
+                             scale_y=scales[1]), scales
 
 
-STATISTICS = {
-    "inputs": Statistics(
-        "2-D ``X`` alone", "the spectrum of ``X``", ("threshold", "energy"),
+_SPLIT_SEQUENCES = ("K-fold over its rows would put the tokens of one sequence on both sides "
+                    "of a split")
+
+STATISTICS = {statistics.name: statistics for statistics in (
+    Statistics(
+        "inputs", "2-D ``X`` alone", "the spectrum of ``X``", ("threshold", "energy"),
         "'rsc' and 'cv' compare fitted values with residuals, so the criterion needs targets "
-        "`y`"),
-    "static": Statistics(
-        "2-D ``X`` and ``y``", "the least-squares operator ``Y ~ X B``",
+        "`y`", targets=False),
+    Statistics(
+        "static", "2-D ``X`` and ``y``", "the least-squares operator ``Y ~ X B``",
         ("threshold", "rsc", "cv", "energy")),
-    "token_mixing": Statistics(
-        "sequences, ``operator='static'``",
+    # The tokens (or channels) of one sequence are dependent, and are grouped by sequence;
+    # with an unknown value map the residuals also carry the per-token operator's systematic
+    # error, which depends on the inputs and has heavy tails.
+    Statistics(
+        "token_mixing", "sequences, ``operator='static'``",
         "the naive static transfer, one token-mixing matrix ``Y_s ~ M X_s``",
-        ("threshold", "rsc", "energy"),
-        "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
-    "per_token": Statistics(
-        "sequences, ``operator='auto'`` or ``'attention'``, ``value=None``",
+        ("threshold", "rsc", "energy"), _SPLIT_SEQUENCES, sequences=True,
+        expected_failures=("serial_dependence", "group_dependence")),
+    Statistics(
+        "per_token", "sequences, ``operator='auto'`` or ``'attention'``, ``value=None``",
         "the per-token channel operator ``y_i ~ V Sigma Wᵀ x_i``",
-        ("threshold", "rsc", "energy"),
-        "K-fold over its rows would put the tokens of one sequence on both sides of a split"),
-    "kernel": Statistics(
-        "sequences, ``operator='auto'`` or ``'attention'``, known ``value``",
+        ("threshold", "rsc", "energy"), _SPLIT_SEQUENCES, sequences=True, attention=True,
+        expected_failures=("heteroscedasticity", "serial_dependence", "group_dependence",
+                           "heavy_tails")),
+    Statistics(
+        "kernel", "sequences, ``operator='auto'`` or ``'attention'``, known ``value``",
         "the query–key kernel's least squares ``y_i = V S Wᵀ x_i``", ("threshold", "energy"),
         "the kernel's least squares has no reduced-rank path, so 'rsc' and 'cv' are not "
-        "available with a known value map"),
-}
+        "available with a known value map", sequences=True, attention=True, kernel=True),
+)}
 
 CV_NEEDS_ALL_DATA = ("criterion='cv' scores held-out folds of all the data in memory, so it "
                      "cannot be accumulated by partial_fit nor reduced over dask blocks")
@@ -95,8 +177,8 @@ def _n_dims(X):
 
 
 def choose_statistics(X, Y, operator, value, criterion):
-    """The name of the statistics that ``X``, ``Y`` and the settings feed; a ValueError where
-    ``criterion`` cannot read them."""
+    """The name (a key of :data:`STATISTICS`) of the statistics that ``X``, ``Y`` and the
+    settings feed; a ValueError where ``criterion`` cannot read them."""
     name = _statistics_name(X, Y, operator, value)
     check_criterion(name, criterion)
     return name
@@ -126,39 +208,6 @@ def _statistics_name(X, Y, operator, value):
     return "inputs" if Y is None else "static"
 
 
-def statistic_rows(name, X, Y, attention, mask=None, lengths=None, mask_normalization=None,
-                   logit_bias=None):
-    """The rows the 2-D statistics of ``name`` are made of, for one validated chunk (for
-    ``"per_token"``, of sequences with the attention ``mask`` (its ``mask_normalization``, a
-    ``logit_bias``) and padding ``lengths``)."""
-    if name == "token_mixing":
-        return token_mixing_data(X, Y)
-    if name == "per_token":
-        pattern = check_attention_pattern(mask, X.shape[1], attention, mask_normalization,
-                                          logit_bias)
-        return per_token_data(X, Y, center_sequences=attention == "softmax", mask=pattern,
-                              lengths=lengths)
-    return X, Y
-
-
-def row_groups(name, X, groups, offset=0, lengths=None):
-    """Group labels of the rows of :func:`statistic_rows` for a chunk ``X`` with ``groups``
-    labels per sample (or ``None``).
-
-    Rows of sequence data are grouped by sequence: by the sequences' own ``groups`` where
-    given, else each sequence is its own group (labelled from ``offset``, the sequences of
-    earlier chunks). 2-D data have ``groups`` as they are. Padded sequences (``lengths``,
-    validated) give the per-token statistics ``lengths[s]`` rows each.
-    """
-    if name in ("per_token", "token_mixing"):
-        labels = np.arange(offset, offset + X.shape[0]) if groups is None else groups
-        if name == "per_token" and lengths is not None:
-            return np.repeat(labels, lengths)
-        # per_token: the rows are the tokens of each sequence; token_mixing: its channels.
-        return np.repeat(labels, X.shape[1] if name == "per_token" else X.shape[2])
-    return groups
-
-
 def value_map(value, n_features, n_targets):
     """The value map ``V`` as an array of shape ``(n_targets, n_features)``."""
     if isinstance(value, str):  # "identity"
@@ -171,25 +220,3 @@ def value_map(value, n_features, n_targets):
         raise ValueError(f"`value` must have shape (n_targets, n_features) = "
                          f"{(n_targets, n_features)}. Got {V.shape} instead.")
     return V
-
-
-def new_statistics(name, X, Y, attention, value, center, mask=None, mask_normalization=None,
-                   logit_bias=None):
-    """Empty statistics ``name`` for data shaped like the first chunk, and their scales
-    (``mask``, ``mask_normalization``, ``logit_bias``: the attention pattern of
-    ``"kernel"``).
-
-    The data enter divided by the powers of two of the first chunk (exact), so that the
-    products of extreme data stay finite; the scales ``(s_x, s_y)`` are returned with them.
-    """
-    scales = (power_of_two_scale(X), power_of_two_scale(Y))
-    if name == "kernel":
-        # The value map V takes X's units to Y's: one common scale keeps it valid.
-        scales = (max(scales),) * 2
-        V = value_map(value, X.shape[2], Y.shape[2])
-        return KernelMoments(V, attention, scale=scales[0], mask=mask,
-                             mask_normalization=mask_normalization,
-                             logit_bias=logit_bias), scales
-    X2, Y2 = statistic_rows(name, X[:1], Y[:1], attention)
-    return Moments.empty(X2.shape[1], Y2.shape[1], center=center, scale_x=scales[0],
-                         scale_y=scales[1]), scales

@@ -15,8 +15,9 @@ from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._least_squares import path_squared_errors, solve_static
+from ._least_squares import solve_static
 from ._moments import Moments, power_of_two_scale
+from ._rules.cv import PATH_SCORINGS, path_scores, training_moments
 
 __all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
 
@@ -213,47 +214,6 @@ class ReducedRankRegressor(_ReducedRankBase):
         return self._set_operator(self._moments, operator, rank)
 
 
-_PATH_SCORINGS = ("r2", "neg_mean_squared_error")
-
-
-def _r2_from_sse(sse, Y_test):
-    """``r2_score(..., multioutput="uniform_average")`` for each row of ``sse``."""
-    sst = ((Y_test - Y_test.mean(axis=0)) ** 2).sum(axis=0)
-    nonconstant = sst > 0
-    r2 = np.where(nonconstant, 1 - sse / np.where(nonconstant, sst, 1), 0.0)
-    # scikit-learn's convention for constant targets: perfect predictions score 1, others 0.
-    r2 = np.where(~nonconstant & (sse == 0), 1.0, r2)
-    return r2.mean(axis=1)
-
-
-def _training_moments(X, Y, splits, fit_intercept):
-    """``moments(i)``: the moments of the training rows of split ``i``.
-
-    When the test folds partition the samples and every training set is the complement of its
-    test fold (K-fold), the data are read once: each fold's moments are computed, and the
-    training moments of fold ``i`` are the merge of the others (moments add up exactly).
-    Otherwise each training set is read on its own.
-    """
-    n = X.shape[0]
-    tests = [np.asarray(test) for _, test in splits]
-    counts = np.bincount(np.concatenate(tests), minlength=n) if tests else np.zeros(n)
-    partition = np.all(counts == 1) and all(
-        len(train) + len(test) == n for train, test in splits)
-    if not partition:
-        return lambda i: Moments.from_arrays(X[splits[i][0]], Y[splits[i][0]],
-                                             center=fit_intercept)
-    folds = [Moments.from_arrays(X[test], Y[test], center=fit_intercept) for test in tests]
-
-    def moments(i):
-        total = Moments.empty(X.shape[1], Y.shape[1], center=fit_intercept)
-        for j, fold in enumerate(folds):
-            if j != i:
-                total.merge(fold)
-        return total
-
-    return moments
-
-
 def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercept=True,
                      groups=None):
     """Cross-validated score of every rank, one decomposition per fold.
@@ -280,26 +240,20 @@ def rank_path_scores(X, Y, ranks, *, cv=5, scoring=None, alpha=0.0, fit_intercep
     """
     ranks = np.asarray(ranks, dtype=int)
     splits = list(check_cv(cv).split(X, Y, groups))
+    if scoring is None or (isinstance(scoring, str) and scoring in PATH_SCORINGS):
+        return path_scores(X, Y, ranks, splits, scoring=scoring, alpha=alpha,
+                           fit_intercept=fit_intercept)
+    scorer = check_scoring(ReducedRankRegressor(), scoring=scoring)
     scores = np.empty((len(splits), len(ranks)))
-    scorer = None
-    if scoring is not None and not (isinstance(scoring, str) and scoring in _PATH_SCORINGS):
-        scorer = check_scoring(ReducedRankRegressor(), scoring=scoring)
-    train_moments = _training_moments(X, Y, splits, fit_intercept)
+    train_moments = training_moments(X, Y, splits, fit_intercept)
     for i, (_, test) in enumerate(splits):
         moments = train_moments(i)
         operator = solve_static(moments, alpha)
-        if scorer is not None:
-            for j, rank in enumerate(ranks):
-                model = ReducedRankRegressor(rank=rank, alpha=alpha, fit_intercept=fit_intercept)
-                model.n_features_in_, model._y_2d = X.shape[1], True
-                model._set_operator(moments, operator, rank)
-                scores[i, j] = scorer(model, X[test], Y[test])
-            continue
-        sse = path_squared_errors(operator, moments, X[test], Y[test])[ranks]
-        if scoring == "neg_mean_squared_error":
-            scores[i] = -sse.sum(axis=1) / Y[test].size
-        else:
-            scores[i] = _r2_from_sse(sse, Y[test])
+        for j, rank in enumerate(ranks):
+            model = ReducedRankRegressor(rank=rank, alpha=alpha, fit_intercept=fit_intercept)
+            model.n_features_in_, model._y_2d = X.shape[1], True
+            model._set_operator(moments, operator, rank)
+            scores[i, j] = scorer(model, X[test], Y[test])
     return scores
 
 

@@ -16,7 +16,8 @@ hundred resamples (Chiani 2014's form of TW1 is such a law).
 """
 
 import numpy as np
-from scipy import stats
+
+from ._null_laws import SequentialNull, ShiftedGammaLaw
 
 __all__ = [
     "NOISE_MODELS",
@@ -26,6 +27,7 @@ __all__ = [
     "fitted_noise_autocovariance",
     "long_run_factor",
     "ResampledNull",
+    "ResampledSequentialNull",
 ]
 
 # The calibrations a rank can be read with, by the assumption they drop.
@@ -37,8 +39,6 @@ NOISE_MODELS = {
     "group-bootstrap": "a wild cluster bootstrap, one normal multiplier per group",
 }
 N_RESAMPLES = 299
-# TW1's skewness: the least the fitted law's is taken to be.
-_TW1_SKEWNESS = 0.2935
 # Most values of the per-row outer products held at once (32 MB of float64).
 _MAX_VALUES = 1 << 22
 
@@ -262,29 +262,29 @@ class ResampledNull:
         return float(np.mean(self.noise**2)) if self.noise.size else 0.0
 
     def law(self, fitted, k):
-        """Shifted gamma law ``(shape, scale, shift)`` of the ``(k+1)``-th squared singular
+        """Law (:class:`._null_laws.ShiftedGammaLaw`) of the ``(k+1)``-th squared singular
         value of ``S_k + Z*``, ``S_k`` the rank-``k`` truncation of ``fitted = Qᵀ Y``."""
         U, s, Vt = np.linalg.svd(fitted, full_matrices=False)
         signal = (U[:, :k] * s[:k]) @ Vt[:k]
         values = np.linalg.svd(signal + self.noise, compute_uv=False)[:, k] ** 2
-        mean, sd = values.mean(), values.std(ddof=1)
-        if not sd > 0:
-            return None, None, float(mean)
-        skewness = max(_TW1_SKEWNESS, float(stats.skew(values)))
-        shape = 4 / skewness**2
-        scale = sd * skewness / 2
-        return shape, scale, float(mean - shape * scale)
+        return ShiftedGammaLaw.from_draws(values)
 
-    @staticmethod
-    def p_value(law, value):
-        shape, scale, shift = law
-        if shape is None:
-            return float(value <= shift)
-        return float(stats.gamma.sf(value - shift, shape, scale=scale))
+    def sequential(self, fitted, level):
+        """The step-by-step laws of the sequential test of ``fitted``'s squared singular
+        values (:class:`._null_laws.SequentialNull`), each drawn once when first read."""
+        return ResampledSequentialNull(self, fitted, level)
 
-    @staticmethod
-    def edge(law, level):
-        shape, scale, shift = law
-        if shape is None:
-            return shift
-        return float(shift + stats.gamma.ppf(level, shape, scale=scale))
+
+class ResampledSequentialNull(SequentialNull):
+    """Step ``k``'s law: :meth:`ResampledNull.law` of ``fitted`` (the null's own lower tail is
+    the floor of the interval's top)."""
+
+    def __init__(self, null, fitted, level):
+        super().__init__(level)
+        self.null, self.fitted = null, fitted
+        self._laws = {}
+
+    def law(self, k):
+        if k not in self._laws:
+            self._laws[k] = self.null.law(self.fitted, k)
+        return self._laws[k]

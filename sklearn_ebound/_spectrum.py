@@ -1,4 +1,6 @@
-"""Ranks read from a spectrum of singular values.
+"""Ranks read from a spectrum of singular values: energy, entropy and stable ranks, the tail
+energy, and the Gavish–Donoho (2014) optimal hard threshold with the Marchenko–Pastur median it
+needs. Pure spectrum arithmetic: the statistics' layer, below the null laws and the rules.
 
 Every function takes either singular values or matrices:
 
@@ -10,11 +12,13 @@ Every function takes either singular values or matrices:
 A single spectrum or matrix gives a Python scalar; a stack gives an array of its leading shape.
 """
 
-from numbers import Real
+from functools import lru_cache
+from numbers import Integral, Real
 
 import numpy as np
+from scipy import integrate
+from scipy.optimize import brentq
 
-from ._null_edges import optimal_hard_threshold
 from ._validation import check_spectra, spectrum_output
 
 __all__ = [
@@ -22,6 +26,7 @@ __all__ = [
     "entropy_rank",
     "stable_rank",
     "threshold_rank",
+    "optimal_hard_threshold",
     "tail_energy",
 ]
 
@@ -105,8 +110,6 @@ def tail_energy(A, rank, *, is_spectrum=None):
     return np.take(tails, idx, axis=-1)
 
 
-
-
 def threshold_rank(A, sigma=None, *, shape=None, is_spectrum=None):
     """Number of singular values above the Gavish–Donoho optimal hard threshold.
 
@@ -119,3 +122,84 @@ def threshold_rank(A, sigma=None, *, shape=None, is_spectrum=None):
     )
     rank = (s > np.asarray(tau)[..., None]).sum(axis=-1)
     return spectrum_output(rank, scalar, np.intp)
+
+
+def _mp_density(x, beta):
+    """Marchenko–Pastur density of the eigenvalues of ``X X^T / n`` for unit-variance entries."""
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+    return np.sqrt(np.maximum((hi - x) * (x - lo), 0.0)) / (2 * np.pi * beta * x)
+
+
+@lru_cache(maxsize=256)
+def marchenko_pastur_median(beta):
+    """Median of the Marchenko–Pastur law with aspect ratio ``beta = m / n`` in ``(0, 1]``."""
+    if not 0 < beta <= 1:
+        raise ValueError(f"`beta` must lie in (0, 1]. Got {beta!r} instead.")
+    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+
+    def mass_below(mu):
+        return integrate.quad(_mp_density, lo, mu, args=(beta,), limit=200)[0] - 0.5
+
+    return brentq(mass_below, lo, hi, xtol=1e-12)
+
+
+def _lambda_star(beta):
+    # Gavish & Donoho (2014), eq. (11): threshold coefficient for known noise level.
+    return np.sqrt(2 * (beta + 1) + 8 * beta / (beta + 1 + np.sqrt(beta**2 + 14 * beta + 1)))
+
+
+def _matrix_shape(shape, s):
+    if shape is None:
+        return (s.shape[-1], s.shape[-1])
+    if (
+        len(shape) != 2
+        or not all(isinstance(v, Integral) and v > 0 for v in shape)
+        or min(shape) < s.shape[-1]
+    ):
+        raise ValueError(
+            "`shape` must be a pair of positive integers (m, n) with min(m, n) >= the number "
+            f"of singular values ({s.shape[-1]}). Got {shape!r} instead."
+        )
+    return tuple(int(v) for v in shape)
+
+
+def optimal_hard_threshold(A, sigma=None, *, shape=None, is_spectrum=None):
+    """Gavish–Donoho optimal hard threshold for the singular values of a noisy matrix.
+
+    For an ``m x n`` matrix, ``beta = min(m, n) / max(m, n)`` and ``n`` the larger side:
+
+    * noise level ``sigma`` known: ``lambda(beta) * sqrt(n) * sigma`` (``lambda(1) = 4/sqrt(3)``);
+    * unknown: ``omega(beta) * median(s)`` with ``omega(beta) = lambda(beta) / sqrt(mu_beta)``,
+      ``mu_beta`` the Marchenko–Pastur median (``omega(1) ~ 2.858``).
+
+    Parameters
+    ----------
+    A : array-like
+        A spectrum or a stack of matrices (see the module docstring).
+    sigma : float, default=None
+        Standard deviation of the i.i.d. noise entries; ``None`` estimates it from the median.
+    shape : tuple of int, default=None
+        ``(m, n)`` of the matrix a spectrum came from. Ignored for matrices; for a spectrum of
+        length ``k`` it defaults to ``(k, k)``. The unknown-noise rule needs the full spectrum
+        (``min(m, n)`` values).
+
+    Returns
+    -------
+    threshold : float or ndarray
+    """
+    s, matrix_shape, scalar = check_spectra(A, is_spectrum)
+    m, n = sorted(matrix_shape if matrix_shape is not None else _matrix_shape(shape, s))
+    beta = m / n
+    if sigma is not None:
+        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not sigma >= 0:
+            raise ValueError(f"`sigma` must be a non-negative real number. Got {sigma!r}.")
+        tau = np.full(s.shape[:-1], _lambda_star(beta) * np.sqrt(n) * sigma)
+    else:
+        if s.shape[-1] != m:
+            raise ValueError(
+                f"The unknown-noise threshold needs all min(m, n) = {m} singular values; got "
+                f"{s.shape[-1]}. Pass `sigma` or the full spectrum."
+            )
+        omega = _lambda_star(beta) / np.sqrt(marchenko_pastur_median(beta))
+        tau = omega * np.median(s, axis=-1)
+    return spectrum_output(tau, scalar, np.float64)

@@ -123,7 +123,7 @@ def test_large_logits_are_fitted_by_the_softmax_model_itself():
 
 
 def test_the_linearised_softmax_warns_at_large_logits():
-    from sklearn_ebound._rank_rules import logit_caveat
+    from sklearn_ebound._rules.caveats import logit_caveat
 
     assert "linearisation" in logit_caveat(1.5)
     assert logit_caveat(1.5, exact=True) is None and logit_caveat(0.5) is None

@@ -266,7 +266,7 @@ def test_logit_rms_tracks_the_planted_logit_scale(scale):
     assert abs(est.logit_rms_ - planted) < 0.2 * planted and est.rank_ == 3
 
 
-def test_partial_fit_solves_only_when_a_fitted_attribute_is_read(monkeypatch):
+def test_partial_fit_sets_the_fitted_attributes_from_all_the_chunks(monkeypatch):
     X, Y = make_attention_task("linear", 300, 16, 6, rank=2, mask="causal", random_state=0)
     solves = []
     original = KernelMoments.solve
@@ -274,21 +274,45 @@ def test_partial_fit_solves_only_when_a_fitted_attribute_is_read(monkeypatch):
                         lambda self, *a, **k: solves.append(1) or original(self, *a, **k))
     est = IntrinsicRankEstimator("attention", attention="linear", value="identity",
                                  mask="causal")
-    for start in range(0, 300, 10):
-        est.partial_fit(X[start:start + 10], Y[start:start + 10])
-    assert solves == []
+    for i, start in enumerate(range(0, 300, 100)):
+        est.partial_fit(X[start:start + 100], Y[start:start + 100])
+        # Each chunk is read at once: the attributes are set, not computed when first read.
+        assert len(solves) == i + 1 and "rank_" in vars(est) and "qk_kernel_" in vars(est)
     check_is_fitted(est)
     copy = pickle.loads(pickle.dumps(est))
     assert clone(est).get_params() == est.get_params()
-    assert est.rank_ == 2 and len(solves) == 1
-    assert est.singular_values_.size and est.components_.shape == (2, 6)  # no new solve
-    assert len(solves) == 1
+    assert est.rank_ == 2 and est.components_.shape == (2, 6) and len(solves) == 3
     full = IntrinsicRankEstimator("attention", attention="linear", value="identity",
                                   mask="causal").fit(X, Y)
     np.testing.assert_allclose(est.qk_kernel_, full.qk_kernel_, rtol=1e-8, atol=1e-12)
-    assert copy.rank_ == 2  # the pickled estimator solves when read, too
+    assert copy.rank_ == 2 and vars(copy)["rank_"] == 2  # pickled as set
+    before = len(solves)
     est.partial_fit(X[:10], Y[:10])
-    assert len(solves) == 3 and "rank_" not in vars(est)
+    assert len(solves) == before + 1 and "rank_" in vars(est)
+
+
+def test_partial_fit_with_solve_false_only_accumulates(monkeypatch):
+    X, Y = make_attention_task("linear", 300, 16, 6, rank=2, random_state=0)
+    solves = []
+    original = KernelMoments.solve
+    monkeypatch.setattr(KernelMoments, "solve",
+                        lambda self, *a, **k: solves.append(1) or original(self, *a, **k))
+    est = IntrinsicRankEstimator("attention", attention="linear", value="identity")
+    est.partial_fit(X[:100], Y[:100])
+    assert "rank_" in vars(est) and len(solves) == 1
+    for start in (100, 200):
+        est.partial_fit(X[start:start + 100], Y[start:start + 100], solve=False)
+    # An earlier reading no longer describes the chunks seen: it is removed, not kept stale.
+    assert len(solves) == 1 and "rank_" not in vars(est) and est.n_samples_seen_ == 300
+    assert est.partial_fit() is est and len(solves) == 2
+    full = IntrinsicRankEstimator("attention", attention="linear", value="identity").fit(X, Y)
+    assert est.rank_ == full.rank_ == 2
+    np.testing.assert_allclose(est.qk_kernel_, full.qk_kernel_, rtol=1e-8, atol=1e-12)
+
+
+def test_partial_fit_without_data_before_any_chunk_is_refused():
+    with pytest.raises(ValueError, match="partial_fit\\(\\) without data.*Pass X"):
+        IntrinsicRankEstimator().partial_fit()
 
 
 def test_partial_fit_without_enough_data_has_no_rank_yet():

@@ -25,7 +25,7 @@ from sklearn_ebound._diagnostics import (
 )
 from sklearn_ebound._least_squares import solve_static
 from sklearn_ebound._moments import Moments
-from sklearn_ebound._null_edges import _tracy_widom_cdf, tracy_widom_p_value
+from sklearn_ebound._null_laws import _tracy_widom_cdf, tracy_widom_p_value
 from sklearn_ebound._resampled_null import fitted_noise_autocovariance, long_run_factor
 from sklearn_ebound.datasets import make_attention_task, make_static_task
 from sklearn_ebound.exceptions import RankEstimationWarning

@@ -201,3 +201,73 @@ def test_no_import_circle():
 def test_no_private_name_imported_across_modules():
     offenders = private_imports(package_sources())
     assert not offenders, "private imports across modules:\n" + "\n".join(offenders)
+
+
+# The layers of the package, lowest first: a module may import its own layer and those below,
+# never one above. Every entry of the package root (module or subpackage) has its layer here.
+LAYERS = {
+    "utilities": ("_validation", "_random", "_dask", "_results", "_deprecation", "_scoring",
+                  "exceptions"),
+    "statistics/attention": ("_moments", "_least_squares", "_spectrum", "_rank_statistics",
+                             "_attention_operators", "datasets"),
+    "nulls": ("_null_laws", "_resampled_null"),
+    "diagnostics": ("_diagnostics", "_influence", "_lack_of_fit"),
+    "rules": ("_rules",),
+    "estimators": ("_intrinsic_rank", "_reduced_rank", "_deficiency", "nn"),
+    "applications": ("experiments", "display", "heads", "cli", "__init__", "__main__"),
+}
+
+
+def _root_entry(module):
+    # "pkg._rules.cv" -> "_rules", "pkg" -> "__init__"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_violations(sources, layers):
+    """``"path:line: ..."`` for every import of a higher layer, and for every entry of the
+    package root that ``layers`` does not place."""
+    rank = {entry: i for i, entries in enumerate(layers.values()) for entry in entries}
+    names = list(layers)
+    modules = {_module_name(path) for path in sources}
+    offenders = sorted({f"{_root_entry(m)} has no layer" for m in modules
+                        if _root_entry(m) not in rank})
+    for path, line, module, target, name in imports(sources):
+        root = module.split(".")[0]
+        if target is None or target.split(".")[0] != root:
+            continue
+        if name is not None and f"{target}.{name}" in modules:
+            target = f"{target}.{name}"
+        source, imported = _root_entry(module), _root_entry(target)
+        if source in rank and imported in rank and rank[imported] > rank[source]:
+            offenders.append(f"{path}:{line}: {source} ({names[rank[source]]}) imports "
+                             f"{imported} ({names[rank[imported]]})")
+    return offenders
+
+
+PLANTED_LAYERS = {
+    "pkg/__init__.py": "from ._rules import read\n",
+    "pkg/_rules/__init__.py": "from .cv import read\n",
+    "pkg/_rules/cv.py": "from .._nulls import law\n\n\ndef read():\n    pass\n",
+    "pkg/_nulls.py": "def law():\n    from ._rules.cv import read\n",  # up: a violation
+    "pkg/_utils.py": "import pkg._nulls\n",  # up: a violation
+    "pkg/_stray.py": "",  # no layer
+}
+
+
+def test_layer_check_finds_planted_violations():
+    layers = {"utilities": ("_utils",), "nulls": ("_nulls",), "rules": ("_rules",),
+              "top": ("__init__",)}
+    assert layer_violations(PLANTED_LAYERS, layers) == [
+        "_stray has no layer",
+        "pkg/_nulls.py:2: _nulls (nulls) imports _rules (rules)",
+        "pkg/_utils.py:1: _utils (utilities) imports _nulls (nulls)",
+    ]
+    fixed = {**PLANTED_LAYERS, "pkg/_nulls.py": "", "pkg/_utils.py": ""}
+    del fixed["pkg/_stray.py"]
+    assert layer_violations(fixed, layers) == []
+
+
+def test_no_layer_imports_a_higher_one():
+    offenders = layer_violations(package_sources(), LAYERS)
+    assert not offenders, "imports against the layers:\n" + "\n".join(offenders)

@@ -124,7 +124,7 @@ def test_fewer_residual_dof_than_targets_answers_by_the_rotation_test(monkeypatc
     assert est.noise_variance_ == pytest.approx(0.01, rel=0.5)
     assert est.p_values_[:2].max() < 1e-3 < est.p_values_[2]
     # Beyond the Monte Carlo law's budget, the ratio test with its shrinkage estimate.
-    monkeypatch.setattr("sklearn_ebound._rank_rules.ROTATION_BUDGET", 0)
+    monkeypatch.setattr("sklearn_ebound._rules.static_rank_test.ROTATION_BUDGET", 0)
     with pytest.warns(RankEstimationWarning, match="shrinkage estimate"):
         assert IntrinsicRankEstimator().fit(X, Y).rank_ == 2
     # White noise needs no whitening: no warning, and the same answer.

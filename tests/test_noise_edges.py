@@ -7,16 +7,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-import sklearn_ebound._null_edges as null_edges
+import sklearn_ebound._null_laws as null_laws
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._null_edges import (
+from sklearn_ebound._diagnostics import residuals_are_spherical
+from sklearn_ebound._null_laws import (
     LargestEigenvalueLaw,
     edge_matched_noise_covariance,
     largest_eigenvalue_law,
     null_edge_correlated,
     null_edge_ratio,
     null_edge_white,
-    residuals_look_white,
     rotation_null_law,
     tracy_widom_quantile,
     tracy_widom_sf,
@@ -250,7 +250,7 @@ def test_mild_correlation_kept_as_white_widens_the_edge():
             X, Y = _noise_only(100, 50, 50, covariance, seed)
             Xc, Yc = X - X.mean(axis=0), Y - Y.mean(axis=0)
             residual = Yc - Xc @ np.linalg.lstsq(Xc, Yc, rcond=None)[0]
-            if not residuals_look_white(residual.T @ residual, 49):
+            if not residuals_are_spherical(residual.T @ residual, 49):
                 continue
             est = IntrinsicRankEstimator().fit(X, Y)
             white = np.sqrt(est.noise_variance_ * null_edge_white(50, 50) / 100)
@@ -306,7 +306,7 @@ def test_sphericity_keeps_white_noise_and_rejects_a_noise_spike():
         kept = 0
         for _ in range(draws):
             Z = rng.standard_normal((dof, q))
-            kept += residuals_look_white(Z.T @ Z, dof)
+            kept += residuals_are_spherical(Z.T @ Z, dof)
         rate = 1 - kept / draws
         assert rate <= 0.075 + 2 * np.sqrt(0.075 * 0.925 / draws), (dof, q, rate)
     scale = np.ones(60)
@@ -317,8 +317,8 @@ def test_sphericity_keeps_white_noise_and_rejects_a_noise_spike():
         residual = Z.T @ Z
         eigenvalues = np.linalg.eigvalsh(residual / 100)
         john += john_keeps(residual, 100)
-        white = residuals_look_white(residual, 100, eigenvalues)
-        assert white == residuals_look_white(residual, 100)  # the eigenvalues only save work
+        white = residuals_are_spherical(residual, 100, eigenvalues)
+        assert white == residuals_are_spherical(residual, 100)  # the eigenvalues only save work
         both += white
     assert john >= 0.12 * draws and both <= john / 2, (john, both)
 
@@ -353,7 +353,7 @@ def test_rotation_law_gives_uniform_p_values_for_any_covariance(covariance, deci
     # the rows, the p-value of the 6 rows' largest eigenvalue is uniform whatever the
     # covariance, also from a law whose draws stop once the value is clear (staged here
     # though the law is cheap).
-    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
+    monkeypatch.setattr(null_laws, "_ROTATION_STAGED_COST", 0)
     rng = np.random.default_rng(0)
     root = np.linalg.cholesky(covariance).T
     p_values = []
@@ -372,7 +372,7 @@ def test_rotation_law_drawn_for_a_value_stops_only_where_its_side_is_clear(monke
     # Drawn to decide one value, the law stops early where the value is far from both
     # quantiles of the test, and gives the decisions all the draws give; near a quantile it
     # is the law of all the draws, exactly (staged here though the law is cheap).
-    monkeypatch.setattr(null_edges, "_ROTATION_STAGED_COST", 0)
+    monkeypatch.setattr(null_laws, "_ROTATION_STAGED_COST", 0)
     rng = np.random.default_rng(3)
     W = rng.standard_normal((60, 40)) @ np.linalg.cholesky(ar1_covariance(40, 0.7)).T
     d = np.linalg.eigvalsh(W.T @ W)
@@ -395,8 +395,8 @@ def test_rotation_laws_drawn_for_their_values_read_the_rank_and_interval_of_all_
                              noise=1.0, noise_correlation=0.6, random_state=seed)
             for rank in (0, 2) for seed in range(3)]
     readings, p_values = [], []
-    for stages in (null_edges._ROTATION_STAGES, ()):
-        monkeypatch.setattr(null_edges, "_ROTATION_STAGES", stages)
+    for stages in (null_laws._ROTATION_STAGES, ()):
+        monkeypatch.setattr(null_laws, "_ROTATION_STAGES", stages)
         fits = [IntrinsicRankEstimator().fit(X, Y) for X, Y in data]
         readings.append([(est.rank_, est.rank_interval_) for est in fits])
         p_values.append(np.concatenate([est.p_values_ for est in fits]))
@@ -419,3 +419,31 @@ def test_rotation_law_keeps_the_skewness_of_the_draws():
         assert fresh.quantile(0.99) == pytest.approx(law.quantile(0.99), abs=0.2 * law.sd)
         assert law.quantile(0.99) != pytest.approx(
             law.mean + law.sd * stats.norm.ppf(0.99), abs=0.01 * law.sd)
+
+
+def test_every_null_law_inverts_its_own_survival_function():
+    # Each null law is one object with sf (a p-value) and isf (an edge), as scipy.stats
+    # distributions are: the edge at q has p-value q.
+    from sklearn_ebound._null_laws import (
+        CanonicalEdgeLaw,
+        PointMass,
+        RatioLaw,
+        RotationLaw,
+        ShiftedGammaLaw,
+        WhiteEdgeLaw,
+        WhiteFloorLaw,
+    )
+
+    spiked = largest_eigenvalue_law(np.r_[np.ones(20), 4.0], 40)
+    laws = [WhiteEdgeLaw(30, 40, unit=2.5), CanonicalEdgeLaw(5, 8, 200),
+            RatioLaw(largest_eigenvalue_law(np.ones(10), 20, detach_spike=False),
+                     largest_eigenvalue_law(np.ones(10), 60), unit=3.0),
+            spiked, RotationLaw(10.0, 2.0, 0.4), ShiftedGammaLaw(40.0, 0.2, -3.0),
+            WhiteFloorLaw(3, 30, unit=0.5)]
+    for law in laws:
+        for q in (1e-3, 0.05, 0.5):
+            edge = law.isf(q)
+            assert law.sf(edge, exact=True) == pytest.approx(q, rel=1e-3), (law, q)
+            assert law.sf(1.01 * edge) < q < law.sf(0.99 * edge)
+    assert PointMass(2.0).isf(0.01) == 2.0 and PointMass(2.0).sf(2.0) == 1.0
+    assert CanonicalEdgeLaw(5, 8, 12).isf(0.01) is None  # too few degrees of freedom: no test

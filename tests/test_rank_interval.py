@@ -1,5 +1,5 @@
 """``rank_interval_``: the ranks consistent with the data among directions at least
-``interval_strength`` times ``detection_limit_`` (:mod:`sklearn_ebound._rank_interval`)."""
+``interval_strength`` times ``detection_limit_`` (:mod:`sklearn_ebound._rules.rank_interval`)."""
 
 import warnings
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._rank_interval import (
+from sklearn_ebound._rules.rank_interval import (
     TOP_LEVEL,
     cluster_minimum_quantile,
     spike_location,

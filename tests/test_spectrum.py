@@ -11,7 +11,7 @@ from sklearn_ebound import (
     tail_energy,
     threshold_rank,
 )
-from sklearn_ebound._null_edges import marchenko_pastur_median
+from sklearn_ebound._spectrum import marchenko_pastur_median
 
 
 def test_energy_rank_counts_the_energy():

@@ -1,29 +1,34 @@
-"""Null edges: how large a singular value noise alone reaches, by random-matrix laws.
+"""Null laws: how large a singular value noise alone reaches, by random-matrix laws.
 
-Every rule that reads a rank from noisy data compares a spectrum with one of these edges:
+Every test that reads a rank from noisy data compares a spectrum with one of these laws. Each
+law is one object with ``sf(x)`` (the p-value of an observed ``x``) and ``isf(q)`` (the value
+noise alone exceeds with probability ``q``: the edge at level ``1 - q``), as scipy.stats
+distributions have them:
 
 * Tracy–Widom TW1 (exact quantile, Chiani's gamma form for the tail) and the largest-eigenvalue
-  laws built on it: Johnstone (2001) for white noise, El Karoui (2007) for a noise covariance,
-  with a detached spike's own law (Baik, Ben Arous & Péché 2005), and the ratio of two largest
-  eigenvalues;
-* the Jacobi ensemble's edge for canonical correlations (Johnstone 2008);
-* John's and the largest root's sphericity tests, which say whether the residuals may be
-  treated as white, and the shrinkage of the residual covariance matched to its largest
-  eigenvalue;
-* Marchenko–Pastur's median and the Gavish–Donoho (2014) optimal hard threshold.
+  laws built on it: Johnstone (2001) for white noise (:class:`WhiteEdgeLaw`), El Karoui (2007)
+  for a noise covariance, with a detached spike's own law (Baik, Ben Arous & Péché 2005;
+  :class:`LargestEigenvalueLaw`), and the ratio of two largest eigenvalues
+  (:class:`RatioLaw`);
+* the Jacobi ensemble's edge for canonical correlations (Johnstone 2008,
+  :class:`CanonicalEdgeLaw`);
+* the rotation test's law given the targets' Gram (Langsrud 2005, :class:`RotationLaw`) and a
+  resampled law (:class:`ShiftedGammaLaw`, drawn by :mod:`._resampled_null`);
+* the lower-tail bound of the interval's top (:class:`WhiteFloorLaw`);
+* the shrinkage of the residual covariance matched to its largest eigenvalue.
+
+A sequential test reads one law per step: once ``k`` directions are accepted, the law of the
+next value. The families of :class:`SequentialNull` give them, step by step.
 """
 
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from numbers import Integral, Real
 
 import numpy as np
-from scipy import integrate, special, stats
+from scipy import special, stats
 from scipy.integrate import trapezoid
 from scipy.optimize import brentq
 from scipy.special import airy
-
-from ._validation import check_spectra, spectrum_output
 
 __all__ = [
     "DEFAULT_LEVEL",
@@ -42,9 +47,17 @@ __all__ = [
     "LargestEigenvalueLaw",
     "largest_eigenvalue_law",
     "edge_matched_noise_covariance",
-    "residuals_look_white",
-    "marchenko_pastur_median",
-    "optimal_hard_threshold",
+    "PointMass",
+    "WhiteEdgeLaw",
+    "WhiteFloorLaw",
+    "CanonicalEdgeLaw",
+    "RatioLaw",
+    "ShiftedGammaLaw",
+    "SequentialNull",
+    "WhiteNull",
+    "RatioNull",
+    "RotationNull",
+    "CanonicalNull",
 ]
 
 # The default level of every edge: 99.9%, a false-positive rate of 0.1% per test.
@@ -157,53 +170,6 @@ def tracy_widom_p_value(x, exact=False):
     return 1.0 - _tracy_widom_cdf(float(x))
 
 
-# Levels of the two sphericity tests: John's (its standard normal quantile) and the largest
-# root's.
-_Z_JOHN = 1.6449  # 5%
-_LARGEST_ROOT_LEVEL = 0.025
-
-
-def residuals_look_white(residual, dof, eigenvalues=None):
-    """Whether residual cross-products are consistent with white noise ``sigma^2 I``.
-
-    White is kept unless one of two tests of sphericity rejects it:
-
-    - John's statistic ``U = q tr(S^2) / tr(S)^2 - 1`` of the residual covariance ``S``, at the
-      5% level; under sphericity ``dof U - q`` tends to ``N(1, 4)`` as ``dof`` and ``q`` grow
-      in any proportion (Ledoit & Wolf 2002), so ``q > dof`` is allowed. It sees correlation
-      spread over many directions (AR(1) noise across the targets);
-    - the largest root (Roy's test), ``l_1 q / tr(S)`` against Johnstone's (2001) Tracy–Widom
-      law of the largest eigenvalue of a white ``dof x q`` Wishart matrix, at the 2.5% level:
-      the powerful test against one strong noise direction (Onatski, Moreira & Hallin 2013),
-      which John's test misses when the spike's own sample eigenvalue comes out low (a spike
-      of 6 at ``dof = 49, q = 60``: John's test kept white in 2 of 400 draws, the two tests
-      together in none). Dividing by the trace instead of a known ``sigma^2`` narrows its
-      law (Nadler 2011), so the test is conservative: 1.5-2.7% of white draws at ``dof``
-      20-2000, far fewer with a handful of targets or degrees of freedom.
-
-    White draws leave the white path in 5-6% of cases by John's test alone and 6-7.5% by
-    either (4000 draws at ``dof, q`` from ``49, 50`` to ``1979, 60``). Rejecting white noise
-    only sends it to the test for correlated noise, which holds its level for any covariance
-    at a little power, while keeping correlated noise as white puts the edge too low: John's
-    test keeps its 5% (AR(1) 0.2 noise at ``rank(X) = 50, dof = 49``, 300 draws: 3.7% false
-    positives when sphericity was kept at the 0.1% level, 1.3% at 5%; 400 draws: 0.75% with
-    John's test at 2.5%, 0.25% at 5%). ``eigenvalues``, where given, are those of
-    ``residual / dof`` (computed before).
-    """
-    q = residual.shape[0]
-    trace = np.trace(residual)
-    if q < 2 or dof < 2 or trace <= 0:
-        return True
-    unit = residual / trace  # tr = 1: no under- or overflow in tr(S^2) / tr(S)^2
-    u = q * np.sum(unit * unit) - 1
-    if (dof * u - q - 1) / 2 > _Z_JOHN:
-        return False
-    largest = (np.linalg.eigvalsh(unit)[-1] if eigenvalues is None
-               else max(float(eigenvalues[-1]), 0.0) * dof / trace)
-    mu, scale = white_edge_law(dof, q)
-    return tracy_widom_p_value((largest * q * dof - mu) / scale) >= _LARGEST_ROOT_LEVEL
-
-
 def _tracy_widom_law(t, n_rows):
     """El Karoui's (2007) centring and scale of the largest eigenvalue (see
     :func:`largest_eigenvalue_law`)."""
@@ -256,8 +222,8 @@ class LargestEigenvalueLaw:
         return LargestEigenvalueLaw(factor * self.mu, factor * self.sigma,
                                     factor * self.spike_mean, factor * self.spike_sd)
 
-    def sf(self, x):
-        """``P(largest > x)``."""
+    def sf(self, x, exact=False):
+        """``P(largest > x)`` (``exact`` is accepted for a common call: the law is as is)."""
         x = np.asarray(x, dtype=np.float64)
         below = 1.0 - self._tracy_widom_sf(x)
         if self.spike_sd > 0:
@@ -305,6 +271,10 @@ class LargestEigenvalueLaw:
             return self.mu
         high = max(self.mu + 20 * self.sigma, self.spike_mean + 9 * self.spike_sd)
         return brentq(lambda x: self.sf(x) - (1 - level), 0.0, high, xtol=1e-12 * high)
+
+    def isf(self, q):
+        """The value exceeded with probability ``q``."""
+        return self.quantile(1 - q)
 
 
 # Eigenvalues below this fraction of the largest are rounding of a symmetric eigensolver.
@@ -440,8 +410,9 @@ class RotationLaw:
     def _law(self):
         return stats.pearson3(self.skew, loc=self.mean, scale=self.sd)
 
-    def sf(self, x):
-        """``P(largest >= x)``, the p-value of ``x`` (``P(largest > x)`` but at a point mass)."""
+    def sf(self, x, exact=False):
+        """``P(largest >= x)``, the p-value of ``x`` (``P(largest > x)`` but at a point mass;
+        ``exact`` is accepted for a common call)."""
         if self.sd <= 0:
             return float(x <= self.mean)
         return float(self._law().sf(x))
@@ -451,6 +422,10 @@ class RotationLaw:
         if self.sd <= 0:
             return self.mean
         return float(self._law().ppf(level))
+
+    def isf(self, q):
+        """The value exceeded with probability ``q``."""
+        return self.quantile(1 - q)
 
 
 # Draws of the rotation test's conditional law (its edge at 99.9% is resolved to about 0.1-0.2
@@ -628,82 +603,373 @@ def edge_matched_noise_covariance(residual, dof, eigh=None):
     return (1 - theta) * sample + theta * mean, vectors
 
 
-def _mp_density(x, beta):
-    """Marchenko–Pastur density of the eigenvalues of ``X X^T / n`` for unit-variance entries."""
-    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
-    return np.sqrt(np.maximum((hi - x) * (x - lo), 0.0)) / (2 * np.pi * beta * x)
+# --- the laws a sequential test reads: each an object with sf and isf ----------------------
 
 
-@lru_cache(maxsize=256)
-def marchenko_pastur_median(beta):
-    """Median of the Marchenko–Pastur law with aspect ratio ``beta = m / n`` in ``(0, 1]``."""
-    if not 0 < beta <= 1:
-        raise ValueError(f"`beta` must lie in (0, 1]. Got {beta!r} instead.")
-    lo, hi = (1 - np.sqrt(beta)) ** 2, (1 + np.sqrt(beta)) ** 2
+@dataclass(frozen=True)
+class PointMass:
+    """The constant ``at``: no noise left to test. ``sf(x) = P(value >= x)``, the p-value
+    convention at a point mass (1 at ``at`` itself)."""
 
-    def mass_below(mu):
-        return integrate.quad(_mp_density, lo, mu, args=(beta,), limit=200)[0] - 0.5
+    at: float = 0.0
 
-    return brentq(mass_below, lo, hi, xtol=1e-12)
+    @property
+    def mean(self):
+        return self.at
 
+    def sf(self, x, exact=False):
+        return float(x <= self.at)
 
-def _lambda_star(beta):
-    # Gavish & Donoho (2014), eq. (11): threshold coefficient for known noise level.
-    return np.sqrt(2 * (beta + 1) + 8 * beta / (beta + 1 + np.sqrt(beta**2 + 14 * beta + 1)))
-
-
-def _matrix_shape(shape, s):
-    if shape is None:
-        return (s.shape[-1], s.shape[-1])
-    if (
-        len(shape) != 2
-        or not all(isinstance(v, Integral) and v > 0 for v in shape)
-        or min(shape) < s.shape[-1]
-    ):
-        raise ValueError(
-            "`shape` must be a pair of positive integers (m, n) with min(m, n) >= the number "
-            f"of singular values ({s.shape[-1]}). Got {shape!r} instead."
-        )
-    return tuple(int(v) for v in shape)
+    def isf(self, q):
+        return self.at
 
 
-def optimal_hard_threshold(A, sigma=None, *, shape=None, is_spectrum=None):
-    """Gavish–Donoho optimal hard threshold for the singular values of a noisy matrix.
+@dataclass(frozen=True)
+class WhiteEdgeLaw:
+    """``unit`` times the largest eigenvalue of ``WᵀW``, ``W`` an ``n_rows x n_cols`` unit
+    Gaussian matrix: ``unit (mu + sigma TW1)`` with Johnstone's (2001) centring and scale
+    (:func:`white_edge_law`)."""
 
-    For an ``m x n`` matrix, ``beta = min(m, n) / max(m, n)`` and ``n`` the larger side:
+    n_rows: int
+    n_cols: int
+    unit: float = 1.0
 
-    * noise level ``sigma`` known: ``lambda(beta) * sqrt(n) * sigma`` (``lambda(1) = 4/sqrt(3)``);
-    * unknown: ``omega(beta) * median(s)`` with ``omega(beta) = lambda(beta) / sqrt(mu_beta)``,
-      ``mu_beta`` the Marchenko–Pastur median (``omega(1) ~ 2.858``).
+    def sf(self, x, exact=False):
+        """``P(value > x)``: Chiani's gamma form of TW1, or with ``exact`` near the tails the
+        exact distribution function (:func:`tracy_widom_p_value`)."""
+        mu, scale = white_edge_law(self.n_rows, self.n_cols)
+        if scale <= 0 or self.unit <= 0:
+            return float(x <= 0)
+        return tracy_widom_p_value((x / self.unit - mu) / scale, exact)
 
-    Parameters
-    ----------
-    A : array-like
-        A spectrum or a stack of matrices (see the module docstring).
-    sigma : float, default=None
-        Standard deviation of the i.i.d. noise entries; ``None`` estimates it from the median.
-    shape : tuple of int, default=None
-        ``(m, n)`` of the matrix a spectrum came from. Ignored for matrices; for a spectrum of
-        length ``k`` it defaults to ``(k, k)``. The unknown-noise rule needs the full spectrum
-        (``min(m, n)`` values).
+    def isf(self, q):
+        return self.unit * null_edge_white(self.n_rows, self.n_cols, 1 - q)
 
-    Returns
-    -------
-    threshold : float or ndarray
+
+@dataclass(frozen=True)
+class WhiteFloorLaw:
+    """The largest eigenvalue of ``unit WᵀW`` as the interval's top reads it (its lower tail):
+    ``P(largest > x)`` is the Tracy–Widom p-value, or where larger the bound from the rows
+    and columns.
+
+    The largest eigenvalue is at least every row's and every column's squared norm, so
+    ``P(largest <= x) <= F(x; n_cols)^n_rows`` and ``F(x; n_rows)^n_cols`` (``F`` the
+    chi-square distribution function): a p-value at least ``1 - F^m`` for both. Johnstone's
+    law, built for the upper tail, has a lower tail far too heavy for a matrix a few rows
+    thin (at one row the law is exactly the chi-square's), which the bound corrects.
     """
-    s, matrix_shape, scalar = check_spectra(A, is_spectrum)
-    m, n = sorted(matrix_shape if matrix_shape is not None else _matrix_shape(shape, s))
-    beta = m / n
-    if sigma is not None:
-        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not sigma >= 0:
-            raise ValueError(f"`sigma` must be a non-negative real number. Got {sigma!r}.")
-        tau = np.full(s.shape[:-1], _lambda_star(beta) * np.sqrt(n) * sigma)
-    else:
-        if s.shape[-1] != m:
-            raise ValueError(
-                f"The unknown-noise threshold needs all min(m, n) = {m} singular values; got "
-                f"{s.shape[-1]}. Pass `sigma` or the full spectrum."
-            )
-        omega = _lambda_star(beta) / np.sqrt(marchenko_pastur_median(beta))
-        tau = omega * np.median(s, axis=-1)
-    return spectrum_output(tau, scalar, np.float64)
+
+    n_rows: int
+    n_cols: int
+    unit: float = 1.0
+
+    def sf(self, x, exact=False):
+        value = x / self.unit if self.unit > 0 else np.inf
+        mu, scale = white_edge_law(self.n_rows, self.n_cols)
+        if scale <= 0:
+            return float(value <= 0)
+        p = tracy_widom_p_value((value - mu) / scale, exact)
+        for rows, cols in ((self.n_rows, self.n_cols), (self.n_cols, self.n_rows)):
+            log_cdf = stats.chi2.logcdf(value, cols)
+            p = max(p, float(-np.expm1(rows * log_cdf)))
+        return p
+
+    def isf(self, q):
+        return _inverted_sf(self, q)
+
+
+@dataclass(frozen=True)
+class CanonicalEdgeLaw:
+    """The largest squared canonical correlation of pure noise: its logit is about ``mu +
+    sigma TW1`` (Johnstone 2008, :func:`canonical_edge_law`). Where the degrees of freedom
+    are too few for the law, ``sf`` is 1 and ``isf`` ``None`` (no test)."""
+
+    n_inputs: int
+    n_outputs: int
+    dof: int
+
+    def sf(self, x, exact=False):
+        law = canonical_edge_law(self.n_inputs, self.n_outputs, self.dof)
+        if law is None or not 0 < x < 1:
+            return float(x <= 0) if law is not None else 1.0
+        mu, scale = law
+        return tracy_widom_p_value((np.log(x / (1 - x)) - mu) / scale, exact)
+
+    def isf(self, q):
+        return null_edge_canonical(self.n_inputs, self.n_outputs, self.dof, 1 - q)
+
+
+@dataclass(frozen=True)
+class RatioLaw:
+    """``unit`` times the ratio ``A / B`` of independent largest eigenvalues of the laws
+    ``numerator`` and ``denominator`` (:class:`LargestEigenvalueLaw`): the law of a value
+    relative to another one observed (``unit``). A point mass at 0 where ``unit`` or the
+    denominator's mean is not positive (no noise left in these directions)."""
+
+    numerator: LargestEigenvalueLaw
+    denominator: LargestEigenvalueLaw
+    unit: float = 1.0
+
+    def _empty(self):
+        return self.unit <= 0 or self.denominator.mean <= 0
+
+    def sf(self, x, exact=False):
+        if self._empty():
+            return float(x <= 0)
+        return null_ratio_sf(self.numerator, self.denominator, x / self.unit)
+
+    def isf(self, q):
+        if self._empty():
+            return 0.0
+        return self.unit * null_edge_ratio(self.numerator, self.denominator, 1 - q)
+
+
+# TW1's skewness: the least a resampled law's is taken to be.
+TW1_SKEWNESS = 0.2935
+
+
+@dataclass(frozen=True)
+class ShiftedGammaLaw:
+    """``shift + Gamma(shape, scale)``: a resampled law summarised by its mean, variance and
+    skewness (as Chiani 2014 approximates TW1 itself), which resolves the tail at small levels
+    from a few hundred draws."""
+
+    shape: float
+    scale: float
+    shift: float
+
+    @classmethod
+    def from_draws(cls, values):
+        """The law of ``values``' mean, standard deviation and skewness (at least TW1's); a
+        :class:`PointMass` where they do not spread."""
+        mean, sd = values.mean(), values.std(ddof=1)
+        if not sd > 0:
+            return PointMass(float(mean))
+        skewness = max(TW1_SKEWNESS, float(stats.skew(values)))
+        shape = 4 / skewness**2
+        scale = sd * skewness / 2
+        return cls(shape, scale, float(mean - shape * scale))
+
+    @property
+    def mean(self):
+        return self.shift + self.shape * self.scale
+
+    def sf(self, x, exact=False):
+        return float(stats.gamma.sf(x - self.shift, self.shape, scale=self.scale))
+
+    def isf(self, q):
+        return float(self.shift + stats.gamma.ppf(1 - q, self.shape, scale=self.scale))
+
+
+def _inverted_sf(law, q):
+    """The ``x`` with ``law.sf(x, exact=True) = q``, by bisection (for laws without a closed
+    form)."""
+    high = 1.0
+    while law.sf(high, exact=True) > q:
+        high *= 2
+    return brentq(lambda x: law.sf(x, exact=True) - q, 0.0, high, xtol=1e-12 * high)
+
+
+# --- sequential nulls: the law of each step of a sequential test ---------------------------
+
+
+class SequentialNull:
+    """The null laws of a sequential test of decreasing values, step by step.
+
+    Once ``k`` directions are accepted, :meth:`law` is the law of the next value under noise
+    alone (``sf``: its p-value, ``isf(significance)``: its edge). The interval of ranks the
+    tests cannot tell apart ends at the first value whose p-value under :meth:`floor` (the
+    step's own law where ``None``) reaches :meth:`floor_level` (``level`` unless the noise
+    level itself is uncertain).
+    """
+
+    def __init__(self, level):
+        self.level = level
+
+    def law(self, k):
+        raise NotImplementedError
+
+    def floor(self, k):
+        return None
+
+    def floor_level(self, k):
+        return self.level
+
+
+def _few_dof_floor_level(law, observed, fitted_law, residual_law, level):
+    """The floor level below 20 residual degrees of freedom (see :class:`WhiteNull`): the
+    p-value under ``law`` of the centre of the fitted values' edge at the smallest noise scale
+    the ``observed`` residual eigenvalue allows at ``level``, so that the interval's top counts
+    the directions above it."""
+    if observed <= 0 or residual_law.mean <= 0:
+        return level
+    return law.sf(observed * fitted_law.mu / residual_law.quantile(level))
+
+
+class WhiteNull(SequentialNull):
+    """White noise of level ``sigma`` in an ``n_inputs x n_targets`` fitted matrix: step
+    ``k`` has Johnstone's law of ``n_inputs - k`` by ``n_targets - k`` dimensions, times
+    ``widening sigma^2`` (a widening for mild correlation, which only raises the edge); the
+    interval's floor is that law without the widening (:class:`WhiteFloorLaw`).
+
+    With ``dof`` below 20 residual degrees of freedom (``few_dof``) ``sigma^2`` is itself
+    uncertain, ``sigma^2 chi2_nu / nu`` with ``nu = dof q``, independent of the fitted values:
+    each step's law is that of the ratio (:class:`RatioLaw`). Its spread is shared by every
+    step, so the ratio's lower tail would let the interval's top pass every noise value (a
+    lower-tail test at the level has no power at 4 residual degrees of freedom). ``sigma^2``
+    can be as small as ``sigma_hat^2 / high`` at the level: the top counts the directions above
+    the centre of the edge at that noise level (the widening, which only raises the centre,
+    left out too).
+    """
+
+    def __init__(self, sigma, n_inputs, n_targets, level, widening=1.0, dof=None,
+                 few_dof=False):
+        super().__init__(level)
+        self.sigma, self.widening = sigma, widening
+        self.n_inputs, self.n_targets = n_inputs, n_targets
+        self.few_dof = few_dof
+        if few_dof:
+            self.variance = LargestEigenvalueLaw(0.0, 0.0, 1.0, np.sqrt(2.0 / (dof * n_targets)))
+            self.high = stats.chi2.ppf(level, dof * n_targets) / (dof * n_targets)
+
+    def _numerator(self, k):
+        return LargestEigenvalueLaw(*white_edge_law(self.n_inputs - k, self.n_targets - k))
+
+    def law(self, k):
+        unit = self.widening * self.sigma**2
+        if not self.few_dof:
+            return WhiteEdgeLaw(self.n_inputs - k, self.n_targets - k, unit)
+        numerator = self._numerator(k)
+        if numerator.sigma <= 0:
+            return PointMass(0.0)
+        return RatioLaw(numerator, self.variance, unit)
+
+    def floor(self, k):
+        if self.few_dof:
+            return None
+        return WhiteFloorLaw(self.n_inputs - k, self.n_targets - k,
+                             self.sigma**2 if self.sigma > 0 else 0.0)
+
+    def floor_level(self, k):
+        if not self.few_dof:
+            return self.level
+        numerator = self._numerator(k)
+        if numerator.sigma <= 0:
+            return self.level
+        return null_ratio_sf(numerator, self.variance, numerator.mu / (self.high * self.widening))
+
+
+class RatioNull(SequentialNull):
+    """The fitted values' largest eigenvalue relative to the residuals' (correlated noise).
+
+    Step ``k``'s law is that of the ratio of the two largest eigenvalues in the directions
+    left after ``k`` accepted ones, for the noise covariance matched to the residuals
+    (:func:`edge_matched_noise_covariance`, ``eigh`` its eigendecomposition of ``residual /
+    dof``), times the observed largest residual eigenvalue there. A noise spike's eigenvalue
+    fluctuates more than TW1: the residuals' law detaches it, whose low draws would
+    otherwise pass for signal; the fitted values' law is El Karoui's over all eigenvalues
+    (conservative above). Enough residual degrees of freedom fix the noise covariance's top:
+    the interval's floor is then the fitted values' own law with the spike detached (the
+    ratio to one observed eigenvalue would spread the lower tail with that eigenvalue's);
+    with ``few_dof`` as in :class:`WhiteNull`.
+    """
+
+    def __init__(self, residual, dof, eigh, output_directions, n_inputs, level, few_dof=False):
+        super().__init__(level)
+        values, vectors = edge_matched_noise_covariance(residual, dof, eigh)
+        # Noise covariance and residual cross-products in the basis of the output directions:
+        # after k accepted directions the noise left is in the trailing (q - k) x (q - k)
+        # blocks.
+        basis = vectors.T @ output_directions
+        self._noise = (basis.T * values) @ basis
+        self._residual = output_directions.T @ residual @ output_directions
+        self.dof, self.n_inputs, self.few_dof = dof, n_inputs, few_dof
+        self._steps = {}
+
+    def step(self, k):
+        """The largest residual eigenvalue left after ``k`` accepted directions, and the laws
+        of the fitted values', the residuals' and the floor's largest eigenvalue there."""
+        if k not in self._steps:
+            shape = np.linalg.eigvalsh(self._noise[k:, k:])
+            observed = np.linalg.eigvalsh(self._residual[k:, k:])[-1]
+            fitted_law = largest_eigenvalue_law(shape, self.n_inputs - k, detach_spike=False)
+            residual_law = largest_eigenvalue_law(shape, self.dof)
+            floor_law = largest_eigenvalue_law(shape, self.n_inputs - k)
+            self._steps[k] = observed, fitted_law, residual_law, floor_law
+        return self._steps[k]
+
+    def law(self, k):
+        observed, fitted_law, residual_law, _ = self.step(k)
+        return RatioLaw(fitted_law, residual_law, observed)
+
+    def floor(self, k):
+        if self.few_dof:
+            return None
+        observed, _, residual_law, floor_law = self.step(k)
+        if observed <= 0 or residual_law.mean <= 0:
+            return PointMass(0.0)
+        return floor_law
+
+    def floor_level(self, k):
+        if not self.few_dof:
+            return self.level
+        observed, fitted_law, residual_law, _ = self.step(k)
+        return _few_dof_floor_level(self.law(k), observed, fitted_law, residual_law,
+                                    self.level)
+
+
+class RotationNull(SequentialNull):
+    """The rotation test's laws (Langsrud 2005): the fitted values' largest eigenvalue given
+    the targets' Gram ``yy`` (:func:`rotation_null_law`).
+
+    Under no signal the centred targets' Gram is that of ``n_total`` i.i.d. rows ``N(0,
+    Sigma)``, of which the fitted values take ``n_inputs``: given it, their largest eigenvalue
+    has a law free of ``Sigma``, so the first test has exactly its level for any noise
+    covariance, and the edge carries no estimate of ``Sigma`` at all. After ``k`` accepted
+    directions the same holds in the directions left (``Vᵀ yy V`` over the trailing ``q - k``
+    ``output_directions``), with ``n_inputs - k`` of ``n_total - k`` rows. A direction not
+    yet accepted also sits in the Gram, and raises the law by about ``n_inputs / n_total`` of
+    its energy: a little power lost, no level.
+
+    Each step's law is drawn to decide its own value, ``values[k]`` (sequential Monte Carlo,
+    :func:`rotation_null_law`). The law is exact for any covariance: its own lower tail is
+    the floor; with fewer than 20 residual degrees of freedom the floor level is that of
+    :class:`RatioNull` (``ratio``) for the matched covariance.
+    """
+
+    def __init__(self, yy, output_directions, n_inputs, n_total, values, level, ratio=None):
+        super().__init__(level)
+        self.yy, self.directions = yy, output_directions
+        self.n_inputs, self.n_total, self.values = n_inputs, n_total, values
+        self.ratio = ratio
+        self._laws = {}
+
+    def law(self, k):
+        # Every step has rows: k < len(values) <= n_inputs.
+        if k not in self._laws:
+            rest = self.directions[:, k:]
+            total = np.linalg.eigvalsh(rest.T @ self.yy @ rest)
+            self._laws[k] = rotation_null_law(total, self.n_inputs - k, self.n_total - k,
+                                              seed=k, value=self.values[k],
+                                              significance=1.0 - self.level)
+        return self._laws[k]
+
+    def floor_level(self, k):
+        if self.ratio is None:
+            return self.level
+        observed, fitted_law, residual_law, _ = self.ratio.step(k)
+        return _few_dof_floor_level(self.law(k), observed, fitted_law, residual_law,
+                                    self.level)
+
+
+class CanonicalNull(SequentialNull):
+    """The canonical correlations' laws: removing ``k`` roots leaves ``k`` fewer dimensions on
+    each side (:class:`CanonicalEdgeLaw`)."""
+
+    def __init__(self, n_inputs, n_outputs, dof, level):
+        super().__init__(level)
+        self.n_inputs, self.n_outputs, self.dof = n_inputs, n_outputs, dof
+
+    def law(self, k):
+        return CanonicalEdgeLaw(self.n_inputs - k, self.n_outputs - k, self.dof - k)
+

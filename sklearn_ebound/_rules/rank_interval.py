@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from ._null_edges import tracy_widom_quantile
+from .._null_laws import tracy_widom_quantile
 
 # One-sided level of the top: a direction at least ``strength`` is left out of the interval in
 # at most this share of draws (the rank's own tests err the other way at ``significance``).
