@@ -41,6 +41,7 @@ import scipy.linalg
 from scipy.linalg import blas
 from sklearn.utils import Bunch
 
+from ._conjugate_gradients import conjugate_gradients, refined_conjugate_gradients
 from ._spectrum import optimal_hard_threshold
 
 __all__ = [
@@ -521,7 +522,8 @@ class KernelMoments:
       memory than the sequences). On kept moments the conjugate gradients run their products
       in float32 on float32 copies made for the solve (half the kept moments' memory, about
       half the time) and test their stops on float64 residuals (iterative refinement), so
-      the solution is that of float64 iterations (see :func:`_refined_conjugate_gradients`).
+      the solution is that of float64 iterations (see
+      :func:`._conjugate_gradients.refined_conjugate_gradients`).
 
     For softmax the sequences are kept in either case, and the linearised solve is refined by
     Gauss–Newton steps on the softmax model (the same matrix-free products with the fitted
@@ -817,7 +819,7 @@ class KernelMoments:
     def _solve_iteratively(self, tol=1e-10, max_iter=500):
         """Conjugate gradients on ``G vec(A) = b`` from the compressed ``C``."""
         index = self._index()
-        A, _, self._products = _conjugate_gradients(
+        A, _, self._products = conjugate_gradients(
             lambda A: self._matvec(A, index), self.rhs, self._preconditioner(self.T_sum), tol,
             max_iter)
         return A
@@ -1019,7 +1021,7 @@ class KernelMoments:
             def apply(D, A=A, damping=damping, metric=metric):
                 return self._normal_apply(D, A) + damping * metric(D)
 
-            step, _, used = _conjugate_gradients(apply, rhs, precondition, 1e-4, max_products)
+            step, _, used = conjugate_gradients(apply, rhs, precondition, 1e-4, max_products)
             products += used
             if span is not None:
                 step = span @ step @ span
@@ -1066,7 +1068,7 @@ class KernelMoments:
         # when rz is below 1e-3 of the estimate over that ratio (a cut off by < 0.1%), or at the
         # residual tol.
         fraction = 1e-4 if A is None else 1e-7
-        solution, _, _ = _conjugate_gradients(
+        solution, _, _ = conjugate_gradients(
             apply, B, self._preconditioner(T_sum), tol, 300,
             enough=lambda Z, rz: rz <= fraction * float(np.sum(B * Z)))
         return float(np.sum(B * solution)) / self.n_queries
@@ -1133,12 +1135,12 @@ class KernelMoments:
                 # float32 products over the moments' float32 parts; not with kept sequences
                 # beside them (padded chunks among unpadded ones)
                 self._singles = self._single_blocks()
-                A, _, self._products, singles = _refined_conjugate_gradients(
+                A, _, self._products, singles = refined_conjugate_gradients(
                     self._normal_apply, self._single_apply, self.rhs, precondition, tol_cg,
                     1000, enough=enough)
                 self._single_products = singles
             else:
-                A, _, self._products = _conjugate_gradients(
+                A, _, self._products = conjugate_gradients(
                     self._normal_apply, self.rhs, precondition, tol_cg, 1000, enough=enough)
             solver = "cg"
         products = self._products
@@ -1257,86 +1259,6 @@ def _concatenate_blocks(group):
     valid = np.concatenate([np.ones(g[0].shape[:2], dtype=bool) if g[2] is None else g[2]
                             for g in group])
     return X, Y, valid
-
-
-def _conjugate_gradients(apply, b, precondition, tol, max_iter, enough=None, zero_start=False):
-    """Preconditioned conjugate gradients on ``apply(A) = b`` (matrices); the solution, whether
-    the relative residual reached ``tol`` and the number of products ``apply`` taken.
-    ``enough(A, rz)``, if given, also stops the iterations (``rz = rᵀ P^{-1} r``, about the
-    error's squared ``G``-norm). The iterations start from ``P b`` (one product for its
-    residual), or from zero if ``zero_start``."""
-    if zero_start:
-        A, R, products = np.zeros_like(b), b.copy(), 0
-    else:
-        A = precondition(b)
-        R = b - apply(A)
-        products = 1
-    Z = precondition(R)
-    D = Z.copy()
-    rz = np.sum(R * Z)
-    b_norm = np.linalg.norm(b)
-    for _ in range(max_iter):
-        if np.linalg.norm(R) <= tol * b_norm or rz <= 0:
-            return A, True, products
-        if enough is not None and enough(A, rz):
-            return A, True, products
-        GD = apply(D)
-        products += 1
-        curvature = np.sum(D * GD)
-        if curvature <= 0:
-            break
-        step = rz / curvature
-        A = A + step * D
-        R = R - step * GD
-        Z = precondition(R)
-        rz_new = np.sum(R * Z)
-        D = Z + (rz_new / rz) * D
-        rz = rz_new
-    return A, bool(np.linalg.norm(R) <= tol * b_norm), products
-
-
-def _refined_conjugate_gradients(apply, apply_single, b, precondition, tol, max_iter,
-                                 enough=None):
-    """Conjugate gradients with products in float32 and residuals in float64 (iterative
-    refinement): each round solves ``G C = R`` for the float64 residual ``R = b - G A`` by
-    :func:`_conjugate_gradients` through ``apply_single`` (float32 products, about 1e-7
-    relative error, half the time of float64 ones) to the float32 resolution, ``A += C``, and
-    computes the next residual in float64 (one ``apply``). The stops (``tol`` on the relative
-    residual, ``enough``) are tested on that float64 residual, so they mean what they mean for
-    :func:`_conjugate_gradients`; a round that does not reduce the residual tenfold (float32
-    too coarse for the operator) hands over to float64 iterations. Returns the solution,
-    whether ``tol`` was reached, and the products in float64 and in float32."""
-    A, R = np.zeros_like(b), b.copy()
-    b_norm = np.linalg.norm(b)
-    doubles = singles = 0
-    previous = np.inf  # the residual's norm before the last round
-    while singles < max_iter:
-        r_norm = np.linalg.norm(R)
-        rz = np.sum(R * precondition(R))
-        if r_norm <= tol * b_norm or rz <= 0 or (enough is not None and enough(A, rz)):
-            return A, True, doubles, singles
-        if r_norm > 0.1 * previous:
-            break  # float32 does not resolve this operator: finish in float64
-        previous = r_norm
-
-        def inner_enough(C, rz, A=A):
-            return enough is not None and enough(A + C, rz)
-
-        C, _, used = _conjugate_gradients(
-            apply_single, R, precondition, max(tol * b_norm / r_norm, 1e-5), max_iter - singles,
-            enough=inner_enough, zero_start=True)
-        singles += used
-        A = A + C
-        R = b - apply(A)
-        doubles += 1
-
-    def rest_enough(C, rz):
-        return enough is not None and enough(A + C, rz)
-
-    r_norm = max(np.linalg.norm(R), np.finfo(float).tiny)
-    C, reached, used = _conjugate_gradients(apply, R, precondition, tol * b_norm / r_norm,
-                                            max_iter, enough=rest_enough)
-    return A + C, reached, doubles + used, singles
 
 
 def qk_kernel_least_squares(X, Y, V, attention, mask=None, lengths=None,
