@@ -42,7 +42,7 @@ from scipy.linalg import blas
 from sklearn.utils import Bunch
 
 from ._conjugate_gradients import conjugate_gradients, refined_conjugate_gradients
-from ._spectrum import optimal_hard_threshold
+from ._kernel_rank import kernel_threshold_rank
 
 __all__ = [
     "token_mixing_data",
@@ -1097,7 +1097,8 @@ class KernelMoments:
         The noise of ``Â`` has covariance ``sigma^2 G^{-1}``. Approximating ``G`` by the
         Kronecker product of the means, ``N T̄ ⊗ P̄`` over the ``N`` queries, the kernel
         ``T̄^{1/2} Â P̄^{1/2} sqrt(N)`` carries i.i.d. noise of variance ``sigma^2``, and its
-        rank is read with the Gavish–Donoho threshold.
+        rank is read with the Gavish–Donoho threshold
+        (:func:`._kernel_rank.kernel_threshold_rank`).
 
         Returns a Bunch with ``kernel`` (``W``, for softmax times the factor ``beta /
         sqrt(d)``), ``whitened`` (the noise-whitened kernel), ``singular_values`` (of
@@ -1111,8 +1112,8 @@ class KernelMoments:
         ``converged`` (``False`` where the softmax fit did not converge), ``solver``,
         ``identified`` (whether the data give at least as many equations, ``n_equations``,
         as the kernel on the tokens' span has entries, ``n_unknowns``; without, the softmax
-        fit is not refined and the rank is not read from the normal matrix),
-        ``gauss_newton_steps``, ``n_products`` (float64 products of the normal operator by a
+        fit is not refined and the rank is not read from the normal matrix), ``refined``
+        (whether Gauss–Newton steps fitted the softmax model), ``gauss_newton_steps``, ``n_products`` (float64 products of the normal operator by a
         ``d x d`` matrix in the conjugate-gradient solves, dense solves aside) and
         ``n_single_products`` (float32 ones, of the refined solve on kept moments).
         """
@@ -1174,44 +1175,26 @@ class KernelMoments:
         T_root, P_root = _sqrtm_psd(T_sum), _sqrtm_psd(self.P_sum)
         whitened = T_root @ A @ P_root / np.sqrt(N)
         U, s, Vt = np.linalg.svd(whitened)
-        threshold = optimal_hard_threshold(s[:k], np.sqrt(noise_variance), shape=(k, k))
-        # The whitening takes G for a Kronecker product. Near the cut, the noise variance
-        # along each singular direction is computed from G itself, and the cut scaled by it.
-        kronecker_rank = rank = int(np.sum(s > threshold))
-        local = {}
-        # For the softmax fit the noise along a direction can exceed the Kronecker one by any
-        # factor (saturated weights leave kernel directions all but undetermined: ratios up to
-        # 2e4 measured on a vocabulary of 8 +- pairs at logit rms 3), so on the way down every
-        # counted direction is checked, not only those within a factor 2 of the cut.
-        saturable = weights_at is not None
 
-        def passes(k, down=False):  # s_k against the cut scaled by the noise along itself
-            near = threshold / 2 < s[k] < 2 * threshold or (down and saturable)
-            if not identified or not near:
-                return s[k] > threshold
-            local[k] = self._local_noise(np.outer(U[:, k], Vt[k]), T_root, P_root, weights_at)
-            return s[k] > threshold * np.sqrt(max(local[k], 0.0))
+        def direction_noise(j):  # the noise along the j-th direction, relative to sigma^2
+            return self._local_noise(np.outer(U[:, j], Vt[j]), T_root, P_root, weights_at)
 
-        # Only the values next to the cut decide the count: walk down while the last one
-        # counted fails its corrected cut, or up while the first one left out passes it.
-        while rank > 0 and len(local) < 6 and not passes(rank - 1, down=True):
-            rank -= 1
-        if rank == kronecker_rank:
-            while rank < d and len(local) < 6 and passes(rank):
-                rank += 1
         kernel = A.T
+        # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
+        fit = Bunch(kernel=kernel, whitened=whitened, singular_values=s,
+                    noise_variance=noise_variance,
+                    logit_rms=float(np.linalg.norm(root @ kernel @ root)),
+                    linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
+                    identified=identified, n_equations=int(self.n_equations),
+                    n_unknowns=k * k, gauss_newton_steps=steps, n_products=int(products),
+                    n_single_products=int(self._single_products), refined=refined,
+                    exact=identified and (not self.centred or (refined and converged)))
+        # The rank: the Gavish–Donoho cut of the whitened spectrum, checked near the cut
+        # against the noise along each direction.
+        fit.update(kernel_threshold_rank(fit, direction_noise))
         # Not kept (nor pickled) beyond the solve.
         self._factor = self._weights_cache = self._singles = self._work = None
-        # E[(x_iᵀ W x_j)^2] = ||Σ^{1/2} W Σ^{1/2}||_F^2 for independent tokens of moment Σ.
-        return Bunch(kernel=kernel, whitened=whitened, singular_values=s, threshold=threshold,
-                     rank=rank, kronecker_rank=kronecker_rank, local_noise=local,
-                     noise_variance=noise_variance,
-                     logit_rms=float(np.linalg.norm(root @ kernel @ root)),
-                     linearised_logit_rms=linearised_rms, converged=converged, solver=solver,
-                     identified=identified, n_equations=int(self.n_equations),
-                     n_unknowns=k * k, gauss_newton_steps=steps, n_products=int(products),
-                     n_single_products=int(self._single_products),
-                     exact=identified and (not self.centred or (refined and converged)))
+        return fit
 
 
 def _same_pattern(a, b):
