@@ -11,7 +11,9 @@ from sklearn.base import clone
 from sklearn.utils.validation import check_is_fitted
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._attention_operators import KernelMoments
+from sklearn_ebound import _attention_solver
+from sklearn_ebound._attention_solver import NormalOperator, normal_matrix
+from sklearn_ebound._kernel_moments import KernelMoments
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor
@@ -89,17 +91,16 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     assert free.C is None and not free.blocks and len(free.moment_blocks) == 3
     assert len(free.square_blocks) == (3 if squares else 0)
     D = np.random.default_rng(0).standard_normal((d, d))
-    expected = (dense.normal_matrix() @ D.ravel()).reshape(d, d)
-    free._consolidate()
+    expected = (normal_matrix(dense) @ D.ravel()).reshape(d, d)
+    free.consolidate()
     assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
-    np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
+    operator = NormalOperator(free)
+    np.testing.assert_allclose(operator.apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
-    free._singles = free._single_blocks()
-    single = free._single_apply(D)
+    single = operator.apply_single(D)
     assert single.dtype == np.float64
     np.testing.assert_allclose(single, expected, atol=1e-5 * np.abs(expected).max())
-    assert not np.array_equal(single, free._normal_apply(D))  # float32 products indeed
-    free._singles = None
+    assert not np.array_equal(single, operator.apply(D))  # float32 products indeed
     np.testing.assert_allclose(free.rhs, dense.rhs, rtol=1e-12, atol=1e-12 * np.abs(
         dense.rhs).max())
     np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
@@ -114,7 +115,7 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     # Merged statistics keep both lists in step.
     half = KernelMoments(params.V, "linear", solver="cg").update(X[:30], Y[:30])
     half.merge(KernelMoments(params.V, "linear", solver="cg").update(X[30:], Y[30:]))
-    np.testing.assert_allclose(half._normal_apply(D), expected, rtol=1e-12,
+    np.testing.assert_allclose(NormalOperator(half).apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
 
 
@@ -133,8 +134,8 @@ def test_float32_products_refined_in_float64_reach_the_float64_solution(monkeypa
     X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
                                        noise=0.1, random_state=4, return_params=True)
     exact = KernelMoments(np.eye(d), "linear", solver="dense").update(X, Y).solve()
-    original = KernelMoments._single_apply
-    monkeypatch.setattr(KernelMoments, "_single_apply", lambda self, D: 0.5 * original(self, D))
+    original = NormalOperator.apply_single
+    monkeypatch.setattr(NormalOperator, "apply_single", lambda self, D: 0.5 * original(self, D))
     stalled = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve(tol=1e-13)
     assert 0 < stalled.n_single_products < 50  # handed over after the first stalled round
     np.testing.assert_allclose(stalled.kernel, exact.kernel,
@@ -352,9 +353,10 @@ def test_too_few_equations_on_the_kernel_warn_and_are_not_refined(mask):
 def test_a_softmax_fit_stopped_before_converging_warns(monkeypatch):
     X, Y, params = make_attention_task("softmax", 300, 16, 6, rank=2, logit_scale=8.0,
                                        noise=0.05, random_state=0, return_params=True)
-    original = KernelMoments._gauss_newton
-    monkeypatch.setattr(KernelMoments, "_gauss_newton",
-                        lambda self, A, span=None: original(self, A, span, max_steps=1))
+    original = _attention_solver._gauss_newton
+    monkeypatch.setattr(_attention_solver, "_gauss_newton",
+                        lambda moments, operator, A, span=None: original(
+                            moments, operator, A, span, max_steps=1))
     with pytest.warns(RankEstimationWarning, match="before converging"):
         IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
 
