@@ -8,12 +8,13 @@ import pytest
 import torch
 from conftest import dense_and_matrix_free_solves
 from sklearn.base import clone
+from sklearn.utils import Bunch
 from sklearn.utils.validation import check_is_fitted
 
-from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound import _attention_solver
-from sklearn_ebound._attention_solver import NormalOperator, normal_matrix
+from sklearn_ebound import IntrinsicRankEstimator, _attention_solver
+from sklearn_ebound._attention_solver import NormalOperator, normal_matrix, solve_kernel
 from sklearn_ebound._kernel_moments import KernelMoments
+from sklearn_ebound._kernel_rank import kernel_threshold_rank
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor
@@ -170,6 +171,32 @@ def test_the_solver_is_chosen_by_size():
     small = KernelMoments(np.eye(8), "linear").update(*make_attention_task(
         "linear", 30, 8, 8, rank=2, random_state=0))
     assert small.C is not None and not small.blocks
+
+
+def test_the_rank_is_cut_from_the_solved_spectrum_apart_from_the_solve():
+    X, Y, params = make_attention_task("linear", 200, 12, 8, rank=2, value="random",
+                                       noise=0.1, random_state=1, return_params=True)
+    moments = KernelMoments(params.V, "linear").update(X, Y)
+    fit, direction_noise = solve_kernel(moments)
+    assert not {"rank", "threshold", "kronecker_rank", "local_noise"} & set(fit)
+    cut = kernel_threshold_rank(fit, direction_noise)
+    solved = moments.solve()
+    assert cut.rank == solved.rank == 2 and cut.threshold == solved.threshold
+    assert cut.local_noise == solved.local_noise
+    # A spectrum with one value on either side of the cut t, within a factor 2 of it: each
+    # is checked against t times the root of the noise ratio along its own direction.
+    t = cut.threshold
+    near = Bunch(**{**fit, "singular_values": np.array([20, 1.3, 0.8, 0.1, 0, 0, 0, 0]) * t})
+    plain = kernel_threshold_rank(near, lambda k: 1.0)
+    assert plain.threshold == t and plain.rank == plain.kronecker_rank == 2
+    assert set(plain.local_noise) == {1, 2}  # 1.3 t stays in, 0.8 t stays out
+    noisy = kernel_threshold_rank(near, lambda k: 4.0)  # the cut of each doubles: 1.3 t falls
+    assert (noisy.rank, noisy.kronecker_rank, noisy.local_noise) == (1, 2, {1: 4.0})
+    quiet = kernel_threshold_rank(near, lambda k: 0.5)  # the cut of each is 0.71 t: 0.8 t in
+    assert (quiet.rank, quiet.kronecker_rank) == (3, 2)
+    unidentified = kernel_threshold_rank(Bunch(**{**near, "identified": False}),
+                                         lambda k: 4.0)
+    assert unidentified.rank == 2 and not unidentified.local_noise  # the plain cut alone
 
 
 CELLS = [("linear", "causal", 8, 3, 16, True), ("softmax", "causal", 8, 3, 16, True),
