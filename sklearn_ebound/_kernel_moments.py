@@ -98,8 +98,8 @@ class KernelMoments:
       attention keeps each sequence's moment ``S_s`` instead when ``d <= n`` (a product: three
       GEMMs of ``N d^3``), and ``T_s`` beside it when ``2 d <= n`` (two GEMMs, still no more
       memory than the sequences). On kept moments the conjugate gradients run their products
-      in float32 on float32 copies made for the solve (half the kept moments' memory, about
-      half the time) and test their stops on float64 residuals (iterative refinement), so
+      in float32 on the float32 part ``hi`` of each kept pair (:class:`_Float32Pair`: no copy,
+      about half the time) and test their stops on float64 residuals (iterative refinement), so
       the solution is that of float64 iterations (see
       :func:`._conjugate_gradients.refined_conjugate_gradients`).
 
