@@ -23,7 +23,7 @@ import warnings
 import numpy as np
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._attention_operators import KernelMoments
+from sklearn_ebound._kernel_moments import KernelMoments
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 

@@ -45,13 +45,13 @@ import numpy as np
 from scipy import special
 
 from ._attention_operators import (
-    KernelMoments,
     base_weights,
     check_attention_pattern,
     per_token_data,
     softmax_weights,
     valid_tokens,
 )
+from ._kernel_moments import KernelMoments
 from ._least_squares import solve_static
 from ._moments import Moments
 

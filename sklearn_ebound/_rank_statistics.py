@@ -12,11 +12,11 @@ import numpy as np
 from sklearn.utils import check_array
 
 from ._attention_operators import (
-    KernelMoments,
     check_attention_pattern,
     per_token_data,
     token_mixing_data,
 )
+from ._kernel_moments import KernelMoments
 from ._moments import Moments, power_of_two_scale
 
 __all__ = [

@@ -60,7 +60,7 @@ def dense_and_matrix_free_solves(V, attention, X, Y, lengths=None, **pattern):
     that the two agree on the kernel and its spectrum; returns ``(dense, free)``."""
     import numpy as np
 
-    from sklearn_ebound._attention_operators import KernelMoments
+    from sklearn_ebound._kernel_moments import KernelMoments
 
     dense, free = [KernelMoments(V, attention, solver=solver, refine=False, **pattern)
                    .update(X, Y, lengths).solve(tol=1e-13) for solver in ("dense", "cg")]

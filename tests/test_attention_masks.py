@@ -8,10 +8,13 @@ import pytest
 import torch
 from conftest import dense_and_matrix_free_solves
 from sklearn.base import clone
+from sklearn.utils import Bunch
 from sklearn.utils.validation import check_is_fitted
 
-from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._attention_operators import KernelMoments
+from sklearn_ebound import IntrinsicRankEstimator, _attention_solver
+from sklearn_ebound._attention_solver import NormalOperator, normal_matrix, solve_kernel
+from sklearn_ebound._kernel_moments import KernelMoments
+from sklearn_ebound._kernel_rank import kernel_threshold_rank
 from sklearn_ebound.datasets import make_attention_task
 from sklearn_ebound.exceptions import RankEstimationWarning
 from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor
@@ -89,17 +92,16 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     assert free.C is None and not free.blocks and len(free.moment_blocks) == 3
     assert len(free.square_blocks) == (3 if squares else 0)
     D = np.random.default_rng(0).standard_normal((d, d))
-    expected = (dense.normal_matrix() @ D.ravel()).reshape(d, d)
-    free._consolidate()
+    expected = (normal_matrix(dense) @ D.ravel()).reshape(d, d)
+    free.consolidate()
     assert len(free.square_blocks) == (len(free.moment_blocks) if squares else 0)
-    np.testing.assert_allclose(free._normal_apply(D), expected, rtol=1e-12,
+    operator = NormalOperator(free)
+    np.testing.assert_allclose(operator.apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
-    free._singles = free._single_blocks()
-    single = free._single_apply(D)
+    single = operator.apply_single(D)
     assert single.dtype == np.float64
     np.testing.assert_allclose(single, expected, atol=1e-5 * np.abs(expected).max())
-    assert not np.array_equal(single, free._normal_apply(D))  # float32 products indeed
-    free._singles = None
+    assert not np.array_equal(single, operator.apply(D))  # float32 products indeed
     np.testing.assert_allclose(free.rhs, dense.rhs, rtol=1e-12, atol=1e-12 * np.abs(
         dense.rhs).max())
     np.testing.assert_allclose(free.T_sum, dense.T_sum, rtol=1e-12)
@@ -114,7 +116,7 @@ def test_products_through_the_kept_moments_equal_the_dense_normal_matrix(value, 
     # Merged statistics keep both lists in step.
     half = KernelMoments(params.V, "linear", solver="cg").update(X[:30], Y[:30])
     half.merge(KernelMoments(params.V, "linear", solver="cg").update(X[30:], Y[30:]))
-    np.testing.assert_allclose(half._normal_apply(D), expected, rtol=1e-12,
+    np.testing.assert_allclose(NormalOperator(half).apply(D), expected, rtol=1e-12,
                                atol=1e-12 * np.abs(expected).max())
 
 
@@ -133,8 +135,8 @@ def test_float32_products_refined_in_float64_reach_the_float64_solution(monkeypa
     X, Y, params = make_attention_task("linear", 80, n, d, rank=2, value="identity",
                                        noise=0.1, random_state=4, return_params=True)
     exact = KernelMoments(np.eye(d), "linear", solver="dense").update(X, Y).solve()
-    original = KernelMoments._single_apply
-    monkeypatch.setattr(KernelMoments, "_single_apply", lambda self, D: 0.5 * original(self, D))
+    original = NormalOperator.apply_single
+    monkeypatch.setattr(NormalOperator, "apply_single", lambda self, D: 0.5 * original(self, D))
     stalled = KernelMoments(np.eye(d), "linear", solver="cg").update(X, Y).solve(tol=1e-13)
     assert 0 < stalled.n_single_products < 50  # handed over after the first stalled round
     np.testing.assert_allclose(stalled.kernel, exact.kernel,
@@ -169,6 +171,32 @@ def test_the_solver_is_chosen_by_size():
     small = KernelMoments(np.eye(8), "linear").update(*make_attention_task(
         "linear", 30, 8, 8, rank=2, random_state=0))
     assert small.C is not None and not small.blocks
+
+
+def test_the_rank_is_cut_from_the_solved_spectrum_apart_from_the_solve():
+    X, Y, params = make_attention_task("linear", 200, 12, 8, rank=2, value="random",
+                                       noise=0.1, random_state=1, return_params=True)
+    moments = KernelMoments(params.V, "linear").update(X, Y)
+    fit, direction_noise = solve_kernel(moments)
+    assert not {"rank", "threshold", "kronecker_rank", "local_noise"} & set(fit)
+    cut = kernel_threshold_rank(fit, direction_noise)
+    solved = moments.solve()
+    assert cut.rank == solved.rank == 2 and cut.threshold == solved.threshold
+    assert cut.local_noise == solved.local_noise
+    # A spectrum with one value on either side of the cut t, within a factor 2 of it: each
+    # is checked against t times the root of the noise ratio along its own direction.
+    t = cut.threshold
+    near = Bunch(**{**fit, "singular_values": np.array([20, 1.3, 0.8, 0.1, 0, 0, 0, 0]) * t})
+    plain = kernel_threshold_rank(near, lambda k: 1.0)
+    assert plain.threshold == t and plain.rank == plain.kronecker_rank == 2
+    assert set(plain.local_noise) == {1, 2}  # 1.3 t stays in, 0.8 t stays out
+    noisy = kernel_threshold_rank(near, lambda k: 4.0)  # the cut of each doubles: 1.3 t falls
+    assert (noisy.rank, noisy.kronecker_rank, noisy.local_noise) == (1, 2, {1: 4.0})
+    quiet = kernel_threshold_rank(near, lambda k: 0.5)  # the cut of each is 0.71 t: 0.8 t in
+    assert (quiet.rank, quiet.kronecker_rank) == (3, 2)
+    unidentified = kernel_threshold_rank(Bunch(**{**near, "identified": False}),
+                                         lambda k: 4.0)
+    assert unidentified.rank == 2 and not unidentified.local_noise  # the plain cut alone
 
 
 CELLS = [("linear", "causal", 8, 3, 16, True), ("softmax", "causal", 8, 3, 16, True),
@@ -376,9 +404,10 @@ def test_too_few_equations_on_the_kernel_warn_and_are_not_refined(mask):
 def test_a_softmax_fit_stopped_before_converging_warns(monkeypatch):
     X, Y, params = make_attention_task("softmax", 300, 16, 6, rank=2, logit_scale=8.0,
                                        noise=0.05, random_state=0, return_params=True)
-    original = KernelMoments._gauss_newton
-    monkeypatch.setattr(KernelMoments, "_gauss_newton",
-                        lambda self, A, span=None: original(self, A, span, max_steps=1))
+    original = _attention_solver._gauss_newton
+    monkeypatch.setattr(_attention_solver, "_gauss_newton",
+                        lambda moments, operator, A, span=None: original(
+                            moments, operator, A, span, max_steps=1))
     with pytest.warns(RankEstimationWarning, match="before converging"):
         IntrinsicRankEstimator("attention", value="identity").fit(X, Y)
 

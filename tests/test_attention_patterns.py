@@ -9,7 +9,8 @@ import torch
 from conftest import dense_and_matrix_free_solves
 
 from sklearn_ebound import IntrinsicRankEstimator
-from sklearn_ebound._attention_operators import KernelMoments, check_attention_pattern
+from sklearn_ebound._attention_operators import check_attention_pattern
+from sklearn_ebound._kernel_moments import KernelMoments
 from sklearn_ebound.datasets import alibi_bias, make_attention_task
 from sklearn_ebound.exceptions import LackOfFitWarning, RankEstimationWarning
 from sklearn_ebound.nn import LowRankAttention, LowRankAttentionRegressor

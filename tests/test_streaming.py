@@ -101,7 +101,7 @@ def test_fit_resets_partial_state():
 
 
 def test_large_kernel_is_solved_without_the_dense_normal_matrix():
-    from sklearn_ebound._attention_operators import KernelMoments
+    from sklearn_ebound._kernel_moments import KernelMoments
 
     X, Y, params = make_attention_task("linear", 300, 12, 9, rank=3, value="random",
                                        noise=0.05, random_state=0, return_params=True)
@@ -115,14 +115,15 @@ def test_large_kernel_is_solved_without_the_dense_normal_matrix():
 
 def test_compressed_product_equals_the_dense_normal_matrix():
     # d = 20: 210 rows of the compressed matrix, more than one block of the product.
-    from sklearn_ebound._attention_operators import KernelMoments
+    from sklearn_ebound._attention_solver import compressed_product, normal_matrix
+    from sklearn_ebound._kernel_moments import KernelMoments
 
     rng = np.random.default_rng(0)
     X, Y = rng.standard_normal((30, 8, 20)), rng.standard_normal((30, 8, 20))
     moments = KernelMoments(rng.standard_normal((20, 20)), "softmax").update(X, Y)
     A = rng.standard_normal((20, 20))
-    np.testing.assert_allclose(moments._matvec(A, moments._index()).ravel(),
-                               moments.normal_matrix() @ A.ravel(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(compressed_product(moments, A).ravel(),
+                               normal_matrix(moments) @ A.ravel(), rtol=1e-10, atol=1e-10)
 
 
 @settings(max_examples=20, deadline=None)
