@@ -269,11 +269,47 @@ def docs_build(tmp_path_factory, pytestconfig):
     return DocsBuild(tmp, status, log.getvalue(), kept)
 
 
+# The longest tests (file::function, every parameter), longest first: they start right after
+# the docs build, so that under pytest-xdist the many short tests fill the end of the run on
+# every worker, not one long test on one worker while the others idle. Seconds measured with
+# the whole suite on two workers of a shared 2-core machine; tests/test_suite_grouping.py
+# checks that each entry names a test.
+HEAVY_TESTS = (
+    "test_noise_edges.py::test_correlated_noise_alone_reads_rank_zero",  # 340 s, 4 tests
+    "test_benchmarks_smoke.py::test_recovery_accuracy_quick",  # 175 s
+    "test_benchmarks_smoke.py::test_encoder_cli_quick",  # 159 s
+    "test_attention_regressor.py::test_gradient_descent_recovers_the_planted_rank",  # 92 s
+    "test_heads_cli.py::test_heads_compress_refined",  # 88 s
+    "test_intrinsic_rank.py::test_default_recovers_the_planted_rank_on_a_grid",  # 87 s
+    "test_heads_cli.py::test_heads_compress_reports_each_layer_and_resumes",  # 60 s
+    "test_noise_edges.py::test_rotation_law_gives_uniform_p_values_for_any_covariance",  # 57 s
+    "test_experiments.py::test_interpolation_ladder_localises_the_failure",  # 57 s
+    "test_heads_cli.py::test_heads_compress_budget",  # 56 s
+    "test_experiments.py::test_frontier_softmax_holds_for_vocabulary_tokens_at_every_"
+    "logit_scale",  # 49 s
+    "test_benchmarks_smoke.py::test_influence_speed_quick",  # 49 s
+    "test_benchmarks_smoke.py::test_null_calibration_quick",  # 47 s
+    "test_attention_regressor.py::test_grid_search_named_scoring",  # 41 s
+    "test_heads_cli.py::test_heads_compress_refit_writes_the_fit_on_every_line",  # 40 s
+    "test_cli.py::test_demo_reaches_the_planted_rank",  # 40 s
+    "test_benchmarks_smoke.py::test_lack_of_fit_quick",  # 38 s
+    "test_attention_intrinsic_rank.py::test_unknown_value_map_at_scale",  # 36 s
+)
+
+
+def _run_order(item):
+    """The docs tests first, then HEAVY_TESTS longest first, then the rest as collected."""
+    if _in_docs_group(item.nodeid):
+        return 0
+    function = f"{item.path.name}::{getattr(item, 'originalname', None) or item.name}"
+    return 1 + HEAVY_TESTS.index(function) if function in HEAVY_TESTS else 1 + len(HEAVY_TESTS)
+
+
 def pytest_collection_modifyitems(config, items):
     # The docs build first: under pytest-xdist its worker starts on it while the others take
-    # the rest of the suite. The mark names the group for pytest-xdist versions whose own
-    # loadgroup works; the scheduler above does not need it.
+    # the rest of the suite, the longest tests first. The mark names the group for
+    # pytest-xdist versions whose own loadgroup works; the scheduler above does not need it.
     for item in items:
         if _in_docs_group(item.nodeid):
             item.add_marker(pytest.mark.xdist_group(DOCS_GROUP))
-    items.sort(key=lambda item: not _in_docs_group(item.nodeid))
+    items.sort(key=_run_order)

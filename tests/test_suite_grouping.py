@@ -1,9 +1,12 @@
 """The suite's own machinery: under pytest-xdist the docs tests share one worker, which builds
 the docs once, and a second build in one run fails it (conftest.py)."""
 
+from pathlib import Path
+
 import pytest
 from conftest import (
     DOCS_GROUP,
+    HEAVY_TESTS,
     _claim_the_docs_build,
     _in_docs_group,
     pytest_xdist_make_scheduler,
@@ -97,3 +100,22 @@ def test_a_second_docs_build_in_one_run_fails_it(tmp_path):
     assert _claim_the_docs_build(*worker("gw1", run="run-2")) == "gw1"  # another run
     # One process builds once per session by itself.
     assert _claim_the_docs_build(object(), None) == "one process"
+
+
+def test_every_heavy_test_named_exists():
+    tests = Path(__file__).resolve().parent
+    assert len(set(HEAVY_TESTS)) == len(HEAVY_TESTS)
+    for entry in HEAVY_TESTS:
+        module, function = entry.split("::")
+        assert f"def {function}(" in (tests / module).read_text(encoding="utf-8"), entry
+
+
+def test_the_docs_then_the_heavy_tests_run_first(request):
+    order = [item.nodeid for item in request.session.items]
+    if not all(any(nodeid.split("::")[0].endswith(name) for nodeid in order)
+               for name in ("test_docs.py", "test_noise_edges.py")):
+        pytest.skip("needs the whole suite collected")
+    docs = [_in_docs_group(nodeid) for nodeid in order]
+    assert docs == sorted(docs, reverse=True)  # the docs tests, then no more
+    first_other = order[docs.count(True)]
+    assert HEAVY_TESTS[0].split("::")[1] in first_other
