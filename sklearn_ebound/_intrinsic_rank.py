@@ -31,6 +31,7 @@ from ._validation import (
     check_same_sequence_shape,
     check_sequence_pair,
     check_sequences,
+    refuse_strings,
 )
 from .exceptions import LackOfFitWarning, RankEstimationWarning
 
@@ -495,7 +496,8 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
         if self._sequences:
             X = check_sequences(X, "X", [np.float64, np.float32], self.n_features_in_, self)
         else:
-            X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+            X = validate_data(self, refuse_strings(X), reset=False,
+                              dtype=[np.float64, np.float32])
         # float32 in, float32 out: X_new = (X - mean) C^T in the input's precision.
         return (X - self.mean_.astype(X.dtype)) @ self.components_.T.astype(X.dtype)
 
@@ -581,6 +583,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
     def _validate_2d(self, X, y, reset, min_samples):
         self._sequences = False
+        X = refuse_strings(X)
         if y is None:
             X = validate_data(self, X, reset=reset, ensure_min_samples=min_samples,
                               dtype=np.float64)

@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._least_squares import solve_static
 from ._moments import Moments, power_of_two_scale
 from ._rules.cv import PATH_SCORINGS, path_scores, training_moments
+from ._validation import refuse_strings
 
 __all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
 
@@ -75,7 +76,8 @@ class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
             Of ``X``'s dtype for float32 and float64 input.
         """
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
+        X = validate_data(self, refuse_strings(X), reset=False,
+                          dtype=[np.float64, np.float32])
         # float32 in, float32 out: the operator is rounded once to the input's precision.
         coef = self.coef_.astype(X.dtype, copy=False)
         return X @ coef.T + np.asarray(self.intercept_, dtype=X.dtype)
@@ -89,7 +91,7 @@ class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
 def _validate_xy(estimator, X, y):
     X, y = validate_data(
-        estimator, X, y, multi_output=True, y_numeric=True, ensure_min_samples=2, dtype=np.float64
+        estimator, refuse_strings(X), y, multi_output=True, y_numeric=True, ensure_min_samples=2, dtype=np.float64
     )
     estimator._y_2d = y.ndim == 2
     return X, (y if y.ndim == 2 else y[:, None])
@@ -195,7 +197,7 @@ class ReducedRankRegressor(_ReducedRankBase):
         first = getattr(self, "_moments", None) is None
         if first:
             self._validate_params()
-        X, y = validate_data(self, X, y, reset=first, multi_output=True, y_numeric=True,
+        X, y = validate_data(self, refuse_strings(X), y, reset=first, multi_output=True, y_numeric=True,
                              dtype=np.float64)
         Y = y if y.ndim == 2 else y[:, None]
         if first:

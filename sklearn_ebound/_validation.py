@@ -4,6 +4,7 @@ import numpy as np
 from sklearn.utils import check_array
 
 __all__ = [
+    "refuse_strings",
     "check_sequences",
     "check_sequence_pair",
     "check_same_sequence_shape",
@@ -13,11 +14,29 @@ __all__ = [
 ]
 
 
+def refuse_strings(array, name="X"):
+    """``array`` unchanged, or scikit-learn's own ValueError where it holds strings or bytes.
+
+    A float ``dtype`` in :func:`~sklearn.utils.check_array` parses numeric strings silently;
+    scikit-learn's estimators validate with ``dtype="numeric"``, which refuses them. Object
+    arrays are left to the caller's conversion, as scikit-learn leaves them.
+    """
+    kind = getattr(getattr(array, "dtype", None), "kind", None)
+    if kind is None and isinstance(array, (list, tuple)):
+        try:
+            kind = np.asarray(array).dtype.kind
+        except (ValueError, TypeError):
+            return array  # ragged: the caller's validation says what is wrong
+    if kind is not None and kind in "USV":
+        check_array(array, dtype="numeric", allow_nd=True, ensure_2d=False, input_name=name)
+    return array
+
+
 def check_sequences(array, name, dtype=np.float64, expected_channels=None, estimator=None):
     """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError; with
     ``expected_channels``, also the channel count that ``estimator`` was fitted with."""
     array = check_array(
-        array, dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
+        refuse_strings(array, name), dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
     )
     if array.ndim != 3:
         raise ValueError(

@@ -96,11 +96,82 @@ def word_tokenizer():
 # The gallery runs every example while the docs build; tests/test_examples.py checks the
 # numbers each example reports on its module globals. Both use this one build: an image
 # scraper added to the build's configuration keeps each example's globals, so no example runs
-# twice. Under pytest-xdist the tests that use it share one worker (``xdist_group("docs")``)
-# and start first (``pytest_collection_modifyitems``), since the build is the suite's longest
-# single step.
+# twice. Under pytest-xdist the tests of DOCS_MODULES share one worker and start first, since
+# the build is the suite's longest single step.
+#
+# The worker is chosen by the scheduler below, from each test's file, which is part of the test
+# id every pytest sends to the pytest-xdist controller. pytest-xdist's own `--dist loadgroup`
+# appends the `xdist_group` mark to a private node-id attribute of pytest's items, which pytest
+# 9.2 no longer reads: there every worker would take some of the docs tests and build the docs.
+# A second build in one run fails the run (`_claim_the_docs_build`), and the terminal summary
+# says where and in how long the docs were built.
 
 DOCS_GROUP = "docs"
+DOCS_MODULES = ("test_docs.py", "test_examples.py")
+_DOCS_BUILDS = pytest.StashKey[list]()
+
+
+def _in_docs_group(nodeid):
+    """Whether a test id (``tests/test_docs.py::test_x``) belongs to DOCS_MODULES."""
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in DOCS_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # `--dist loadgroup` (and plain `-n`, `--dist load`) with the docs group read from the
+    # test ids: one work unit for the tests of DOCS_MODULES (first in the queue, being the
+    # largest), one per other test.
+    if config.getoption("dist", None) not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class DocsOnOneWorkerScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid):
+            return DOCS_GROUP if _in_docs_group(nodeid) else super()._split_scope(nodeid)
+
+    return DocsOnOneWorkerScheduling(config, log)
+
+
+def _record_docs_build(config, line):
+    config.stash.setdefault(_DOCS_BUILDS, []).append(line)
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: tell the controller
+        config.workeroutput["docs_builds"] = config.stash[_DOCS_BUILDS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    # The controller of a pytest-xdist run collects each worker's docs builds.
+    builds = getattr(node, "workeroutput", {}).get("docs_builds", [])
+    node.config.stash.setdefault(_DOCS_BUILDS, []).extend(builds)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    builds = config.stash.get(_DOCS_BUILDS, [])
+    if builds and not hasattr(config, "workeroutput"):
+        terminalreporter.write_line(
+            f"docs built {len(builds)} time{'s' * (len(builds) != 1)} in this run: "
+            + "; ".join(builds))
+
+
+def _claim_the_docs_build(config, tmp_path_factory):
+    """This process's name; under pytest-xdist, fail if another worker built the docs in
+    this run (each worker leaves its name in a folder of the run's temporary folder, which
+    they share)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return "one process"  # a session fixture runs once per process
+    worker = workerinput["workerid"]
+    claims = tmp_path_factory.getbasetemp().parent / f"docs-builds-{workerinput['testrunuid']}"
+    claims.mkdir(exist_ok=True)
+    (claims / worker).touch()
+    others = sorted(p.name for p in claims.iterdir() if p.name != worker)
+    if others:
+        pytest.fail(f"the docs are being built a second time in this run, on {worker} after "
+                    f"{', '.join(others)}: the tests of {', '.join(DOCS_MODULES)} must share "
+                    "one pytest-xdist worker (run with --dist loadgroup)", pytrace=False)
+    return worker
+
+
 _CAPTURE_MODULE = "_ebound_gallery_capture"
 _CAPTURE_CONF = f"""
 
@@ -137,19 +208,22 @@ class DocsBuild:
 
 
 @pytest.fixture(scope="session")
-def docs_build(tmp_path_factory):
+def docs_build(tmp_path_factory, pytestconfig):
     """Build a copy of the docs in this process, examples at their small size; see above."""
     import contextlib
     import io
     import os
     import shutil
     import sys
+    import time
     import types
     from pathlib import Path
 
     missing = docs_dependencies_missing()
     if missing:
         pytest.skip(f"the docs build needs {missing} (the docs extra)")
+    builder = _claim_the_docs_build(pytestconfig, tmp_path_factory)
+    start = time.perf_counter()
     import torch
     from sphinx.cmd.build import build_main
 
@@ -191,10 +265,51 @@ def docs_build(tmp_path_factory):
         import matplotlib.pyplot as plt
 
         plt.close("all")
+    _record_docs_build(pytestconfig, f"on {builder}, in {time.perf_counter() - start:.0f} s")
     return DocsBuild(tmp, status, log.getvalue(), kept)
+
+
+# The longest tests (file::function, every parameter), longest first: they start right after
+# the docs build, so that under pytest-xdist the many short tests fill the end of the run on
+# every worker, not one long test on one worker while the others idle. Seconds measured with
+# the whole suite on two workers of a shared 2-core machine; tests/test_suite_grouping.py
+# checks that each entry names a test.
+HEAVY_TESTS = (
+    "test_noise_edges.py::test_correlated_noise_alone_reads_rank_zero",  # 340 s, 4 tests
+    "test_benchmarks_smoke.py::test_recovery_accuracy_quick",  # 175 s
+    "test_benchmarks_smoke.py::test_encoder_cli_quick",  # 159 s
+    "test_attention_regressor.py::test_gradient_descent_recovers_the_planted_rank",  # 92 s
+    "test_heads_cli.py::test_heads_compress_refined",  # 88 s
+    "test_intrinsic_rank.py::test_default_recovers_the_planted_rank_on_a_grid",  # 87 s
+    "test_heads_cli.py::test_heads_compress_reports_each_layer_and_resumes",  # 60 s
+    "test_noise_edges.py::test_rotation_law_gives_uniform_p_values_for_any_covariance",  # 57 s
+    "test_experiments.py::test_interpolation_ladder_localises_the_failure",  # 57 s
+    "test_heads_cli.py::test_heads_compress_budget",  # 56 s
+    "test_experiments.py::test_frontier_softmax_holds_for_vocabulary_tokens_at_every_"
+    "logit_scale",  # 49 s
+    "test_benchmarks_smoke.py::test_influence_speed_quick",  # 49 s
+    "test_benchmarks_smoke.py::test_null_calibration_quick",  # 47 s
+    "test_attention_regressor.py::test_grid_search_named_scoring",  # 41 s
+    "test_heads_cli.py::test_heads_compress_refit_writes_the_fit_on_every_line",  # 40 s
+    "test_cli.py::test_demo_reaches_the_planted_rank",  # 40 s
+    "test_benchmarks_smoke.py::test_lack_of_fit_quick",  # 38 s
+    "test_attention_intrinsic_rank.py::test_unknown_value_map_at_scale",  # 36 s
+)
+
+
+def _run_order(item):
+    """The docs tests first, then HEAVY_TESTS longest first, then the rest as collected."""
+    if _in_docs_group(item.nodeid):
+        return 0
+    function = f"{item.path.name}::{getattr(item, 'originalname', None) or item.name}"
+    return 1 + HEAVY_TESTS.index(function) if function in HEAVY_TESTS else 1 + len(HEAVY_TESTS)
 
 
 def pytest_collection_modifyitems(config, items):
     # The docs build first: under pytest-xdist its worker starts on it while the others take
-    # the rest of the suite.
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    # the rest of the suite, the longest tests first. The mark names the group for
+    # pytest-xdist versions whose own loadgroup works; the scheduler above does not need it.
+    for item in items:
+        if _in_docs_group(item.nodeid):
+            item.add_marker(pytest.mark.xdist_group(DOCS_GROUP))
+    items.sort(key=_run_order)

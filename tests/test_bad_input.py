@@ -28,6 +28,36 @@ def test_non_finite_values(Estimator, bad, where):
         Estimator().fit(X, Y)
 
 
+# scikit-learn's own refusal of strings where numbers are expected (check_array, dtype="numeric").
+STRINGS = "dtype='numeric' is not compatible with arrays of bytes/strings"
+
+
+@pytest.mark.parametrize("Estimator", ESTIMATORS)
+@pytest.mark.parametrize("form", ["str", "bytes", "list"])
+def test_numeric_strings_are_refused_as_scikit_learn_does(Estimator, form):
+    X, Y = _data()
+    strings = {"str": X.astype(str), "bytes": X.astype(bytes), "list": X.astype(str).tolist()}
+    with pytest.raises(ValueError, match=STRINGS):
+        Estimator().fit(strings[form], Y)
+    fitted = Estimator().fit(X, Y)
+    with pytest.raises(ValueError, match=STRINGS):
+        (fitted.transform if hasattr(fitted, "transform") else fitted.predict)(strings[form])
+
+
+@pytest.mark.filterwarnings("ignore::sklearn_ebound.exceptions.RankEstimationWarning")
+def test_numeric_strings_in_sequences_are_refused():
+    from sklearn_ebound.datasets import make_attention_task
+
+    X, Y = make_attention_task("linear", 30, 4, 3, rank=1, random_state=0)
+    with pytest.raises(ValueError, match=STRINGS):
+        IntrinsicRankEstimator().fit(X.astype(str), Y)
+    with pytest.raises(ValueError, match=STRINGS):
+        IntrinsicRankEstimator().fit(X, Y.astype(str))
+    fitted = IntrinsicRankEstimator().fit(X, Y)
+    with pytest.raises(ValueError, match=STRINGS):
+        fitted.transform(X.astype(str))
+
+
 @pytest.mark.parametrize("Estimator", ESTIMATORS)
 def test_wrong_number_of_dimensions(Estimator):
     X, Y = _data()

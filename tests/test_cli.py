@@ -63,6 +63,30 @@ def test_estimate_reads_every_format(data_dir, capsys, args):
     assert payload["rank"] == 2
 
 
+def test_estimate_csv_without_n_targets_reads_the_rank_of_x_as_other_formats_do(data_dir,
+                                                                               capsys):
+    # No target columns named: every column is X, as an .npy without --targets.
+    table = np.loadtxt(data_dir / "d.csv", delimiter=",", skiprows=1)
+    np.save(data_dir / "all.npy", table)
+    assert main(["estimate", str(data_dir / "d.csv"), "--json"]) == 0
+    from_csv = json.loads(capsys.readouterr().out)
+    assert main(["estimate", str(data_dir / "all.npy"), "--json"]) == 0
+    from_npy = json.loads(capsys.readouterr().out)
+    assert from_csv["rank"] == from_npy["rank"]
+    np.testing.assert_allclose(from_csv["singular_values"], from_npy["singular_values"],
+                               rtol=1e-10)
+    assert main(["estimate", str(data_dir / "d.csv")]) == 0
+    assert "Rank of X alone" in capsys.readouterr().out
+
+
+def test_estimate_help_says_what_a_file_without_targets_reads(capsys):
+    with pytest.raises(SystemExit):
+        main(["estimate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Without targets it reads the rank of X alone" in text
+    assert "the last K columns are targets (default: none: the rank of X)" in text
+
+
 def test_estimate_streams_npy_in_chunks(data_dir, capsys):
     # 7-row chunks of the memory-mapped files give the in-memory answer.
     args = [str(data_dir / "x.npy"), "--targets", str(data_dir / "y.npy"), "--json"]
@@ -187,7 +211,6 @@ def test_estimate_without_out_writes_nothing(data_dir, monkeypatch, capsys):
     (["missing.npz"], "no such file"),
     (["junk.npz"], "not a readable .npz"),
     (["d.txt"], "unsupported file type"),
-    (["d.csv"], "--n-targets"),
     (["d.csv", "--n-targets", "12"], "less than the 12 columns"),
     (["d.csv", "--n-targets", "12"], "Got 12"),
     (["d.csv", "--n-targets", "-1"], "Got -1"),

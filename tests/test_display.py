@@ -126,6 +126,30 @@ def test_spectrum_from_estimator(static_task):
     assert "threshold" in display.line_.get_label()
 
 
+def test_spectrum_from_estimator_is_readable_at_a_glance(static_task):
+    # A log axis, so that the threshold and the detection limit stand apart from zero, and
+    # only the lines that matter: the values, the threshold, the rank read, the limit.
+    X, Y, _ = static_task
+    estimator = IntrinsicRankEstimator().fit(X, Y)
+    display = SpectrumDisplay.from_estimator(estimator, name="values")
+    assert display.ax_.get_yscale() == "log"
+    labels = [t.get_text() for t in display.ax_.get_legend().get_texts()]
+    expected = ["values", f"threshold = {estimator.threshold_:.3g}",
+                f"r* = {estimator.rank_}",
+                f"detection limit = {estimator.detection_limit_:.3g}"]
+    low, high = estimator.rank_interval_
+    if high > low:
+        expected.insert(3, f"ranks not told apart = {low}..{high}")
+    assert labels == expected
+    assert display.energy_rank_line_ is None and display.entropy_rank_line_ is None
+    # All rank lines on request; a linear axis on request.
+    every = SpectrumDisplay.from_estimator(estimator, rank_lines="all", log_scale=False)
+    assert every.ax_.get_yscale() == "linear"
+    assert every.energy_rank_line_ is not None and every.entropy_rank_line_ is not None
+    with pytest.raises(ValueError, match="`rank_lines` must be"):
+        SpectrumDisplay.from_estimator(estimator, rank_lines="some")
+
+
 def _span(patch):
     """x extent of an ``axvspan`` (a Rectangle in recent matplotlib, a Polygon before)."""
     if hasattr(patch, "get_width"):

@@ -14,8 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("plot_*.py"))
 
-pytestmark = pytest.mark.xdist_group("docs")
-
 
 @pytest.fixture(scope="module")
 def docs(docs_build):

@@ -18,8 +18,6 @@ torch = pytest.importorskip("torch")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("plot_*.py"))
 
-pytestmark = pytest.mark.xdist_group("docs")
-
 
 @pytest.fixture
 def run_example(request, monkeypatch, capsys):

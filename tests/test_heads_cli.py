@@ -187,24 +187,43 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
     assert all(os.path.exists(p) for p in payload["files"])
 
 
+def _compress_refined(model_dir, text, out, mode):
+    """``heads --compress`` at budget 0.5 with ``--refine mode`` (no training): the printed
+    report and the written model's weights."""
+    import contextlib
+    import io
+
+    transformers = pytest.importorskip("transformers")
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        assert _run(["heads", str(model_dir), "--text", str(text), "--compress",
+                     str(out / "m"), "--budget", "0.5", "--train-steps", "0", "--refine", mode,
+                     "--out", str(out / "o")]) == 0
+    return report.getvalue(), transformers.AutoModel.from_pretrained(
+        out / "m", local_files_only=True).state_dict()
+
+
+@pytest.fixture(scope="module")
+def unrefined_compression(tiny_bert_with_tokenizer, tmp_path_factory):
+    """The ``--refine none`` run that both refinements are compared with, run once."""
+    model_dir, text = tiny_bert_with_tokenizer
+    return _compress_refined(model_dir, text, tmp_path_factory.mktemp("refine-none"), "none")
+
+
 @pytest.mark.parametrize(("refine", "said"), [("sequential", "refined layer by layer"),
                                              ("distill", "distilled end to end")])
-def test_heads_compress_refined(tiny_bert_with_tokenizer, tmp_path, capsys, refine, said):
+def test_heads_compress_refined(tiny_bert_with_tokenizer, unrefined_compression, tmp_path,
+                                refine, said):
     # --refine sequential / distill saves the refined model: other query-key weights than
     # the unrefined one, every other weight still the original's (refining the data-aware
     # pairs: --train-steps 0, as an encoder's auto default would train them first)
     transformers = pytest.importorskip("transformers")
     model_dir, text = tiny_bert_with_tokenizer
-    models = {}
-    for mode in ("none", refine):
-        target = tmp_path / mode
-        assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
-                     "--budget", "0.5", "--train-steps", "0", "--refine", mode, "--out",
-                     str(tmp_path / f"o-{mode}")]) == 0
-        report = capsys.readouterr().out
-        assert (said in report) == (mode == refine)
-        models[mode] = transformers.AutoModel.from_pretrained(
-            target, local_files_only=True).state_dict()
+    runs = {"none": unrefined_compression,
+            refine: _compress_refined(model_dir, text, tmp_path, refine)}
+    for mode, (report, _) in runs.items():
+        assert "Plan (" in report and (said in report) == (mode == refine)
+    models = {mode: weights for mode, (_, weights) in runs.items()}
     original = transformers.AutoModel.from_pretrained(model_dir,
                                                       local_files_only=True).state_dict()
     moved = {k for k, v in models["none"].items()

@@ -1,6 +1,7 @@
 """Data-only recovery of the static intrinsic rank."""
 
 import itertools
+import sys
 import warnings
 
 import numpy as np
@@ -191,6 +192,24 @@ def test_pandas_output():
     frame = IntrinsicRankEstimator().set_output(transform="pandas").fit(X, Y).transform(X)
     assert isinstance(frame, pd.DataFrame)
     assert list(frame.columns) == ["intrinsicrankestimator0", "intrinsicrankestimator1"]
+
+
+def test_pandas_output_names_the_pandas_extra(monkeypatch):
+    # pandas is an extra: the README names it beside set_output, and without it the
+    # transform says that pandas is what is missing.
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    use = readme[readme.index("## Use"):readme.index("## The main job")]
+    around = use[use.index('set_output(transform="pandas")') - 200:][:400]
+    assert '".[pandas]"' in around
+    install = readme[readme.index("## Install"):readme.index("## Use")]
+    assert '".[pandas]"' in install and 'set_output(transform="pandas")' in install
+    X, Y = make_static_task(100, 4, 3, rank=1, random_state=0)
+    estimator = IntrinsicRankEstimator().set_output(transform="pandas").fit(X, Y)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # pandas not installed
+    with pytest.raises(ImportError, match="pandas"):
+        estimator.transform(X)
 
 
 def test_rank_zero_in_a_pipeline_is_said_in_the_estimators_words():

@@ -112,3 +112,30 @@ def test_training_that_stops_while_the_loss_falls_warns():
         LowRankAttentionRegressor(max_epochs=150, **params).fit(X, Y)  # settled: no warning
         LowRankAttentionRegressor(max_epochs=40, callbacks__convergence_check=None,
                                   **params).fit(X, Y)
+
+
+def test_convergence_warning_quotes_the_fall_against_the_earlier_window_at_the_callers_line():
+    import math
+    import re
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, Y = make_attention_task("softmax", 256, 16, 6, rank=3, value="random", logit_scale=2.0,
+                               noise=0.1, random_state=0)
+    net = LowRankAttentionRegressor(rank=3, attention="softmax", lr=0.05, batch_size=-1,
+                                    max_epochs=40, random_state=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net.fit(X, Y)
+    (warning,) = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    # Attributed to the line above that called fit, not to skorch's training loop.
+    assert warning.filename == __file__, warning.filename
+    # The fall of the mean loss over the last k = ceil(0.1 * 40) = 4 epochs, relative to the
+    # mean of the 4 before (the reference): (before - last) / before, at most 100%.
+    losses = np.asarray(net.history_[:, "train_loss"])
+    k = math.ceil(0.1 * len(losses))
+    before, last = losses[-2 * k:-k].mean(), losses[-k:].mean()
+    quoted = re.search(r"is ([0-9.]+)% below the 4 before", str(warning.message))
+    assert quoted, str(warning.message)
+    assert float(quoted.group(1)) == pytest.approx(100 * (before - last) / before, abs=0.06)
+    assert 0 < float(quoted.group(1)) < 100

@@ -40,7 +40,8 @@ def add_estimate_parser(commands):
     parser.add_argument("--y-name", default="Y", metavar="NAME",
                         help="Y's name in an .npz (default: %(default)s)")
     parser.add_argument("--n-targets", type=int, metavar="K",
-                        help="CSV: the last K columns are targets (no default)")
+                        help="CSV: the last K columns are targets (default: none: the rank "
+                             "of X)")
     parser.add_argument("--groups", metavar="G",
                         help="labels per sample: a .npy/.csv file, an .npz array or a "
                              ".csv column (no default)")
@@ -110,15 +111,15 @@ def load_data(args):
         if _groups_column(args, names) is not None:
             names.remove(args.groups)  # the groups' column is neither input nor target
         data = np.column_stack([table[n] for n in names]) if names else np.empty((0, 0))
-        if args.n_targets is None:
-            raise CLIError(f"{path}: say how many of the {len(names)} columns are targets "
-                           "with --n-targets K (the last K columns)")
-        if not 0 <= args.n_targets < len(names):
+        # Without --n-targets no column is a target, as an .npz without Y or an .npy without
+        # --targets: the rank of X alone.
+        n_targets = 0 if args.n_targets is None else args.n_targets
+        if not 0 <= n_targets < len(names):
             raise CLIError(f"{path}: --n-targets K must be at least 0 and less than the "
                            f"{len(names)} columns, so that at least one input column is left. "
-                           f"Got {args.n_targets}.")
-        split = len(names) - args.n_targets
-        X, Y = data[:, :split], (data[:, split:] if args.n_targets else None)
+                           f"Got {n_targets}.")
+        split = len(names) - n_targets
+        X, Y = data[:, :split], (data[:, split:] if n_targets else None)
     else:
         raise CLIError(f"{path}: unsupported file type {suffix!r}; use .npz, .npy or .csv")
     for name, array in (("X", X), ("Y", Y)):

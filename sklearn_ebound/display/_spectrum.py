@@ -13,12 +13,14 @@ __all__ = ["SpectrumDisplay"]
 class SpectrumDisplay:
     """Singular values with the energy rank, the entropy rank and the threshold marked.
 
-    The ``k``-th singular value is drawn at ``x = k`` (1-based). A vertical line at
-    ``x = r`` passes through the last value a rank ``r`` keeps: one for the energy rank at
-    level ``tau``, one for the entropy effective rank (a real number) and, where a threshold
-    is known, one for the threshold rank, with the threshold itself as a horizontal line.
-    The energy rank is the estimator of the intrinsic rank; the entropy rank drifts upwards
-    when small singular values are inflated, as softmax does.
+    The ``k``-th singular value is drawn at ``x = k`` (1-based), on a logarithmic axis by
+    default, so that the noise values, the threshold and the detection limit stand apart. A
+    vertical line at ``x = r`` passes through the last value a rank ``r`` keeps: one for the
+    energy rank at level ``tau``, one for the entropy effective rank (a real number) and,
+    where a threshold is known, one for the threshold rank, with the threshold itself as a
+    horizontal line. The energy rank is the estimator of the intrinsic rank; the entropy rank
+    drifts upwards when small singular values are inflated, as softmax does.
+    :meth:`from_estimator` draws only the rank the estimator chose (``rank_lines="chosen"``).
 
     Create it with :meth:`from_estimator` or :meth:`from_spectrum`; all parameters are stored
     as attributes.
@@ -99,7 +101,7 @@ class SpectrumDisplay:
         self.tau = tau
         self.name = name
 
-    def plot(self, ax=None, *, name=None, log_scale=False, line_kw=None):
+    def plot(self, ax=None, *, name=None, log_scale=True, line_kw=None, rank_lines="all"):
         """Draw the spectrum and its ranks.
 
         Parameters
@@ -108,16 +110,23 @@ class SpectrumDisplay:
             Axes to draw on; ``None`` creates a new figure.
         name : str, default=None
             Legend label of the spectrum; ``None`` uses the ``name`` attribute.
-        log_scale : bool, default=False
+        log_scale : bool, default=True
             Logarithmic y axis (zero singular values are then not drawn).
         line_kw : dict, default=None
             Keyword arguments of :meth:`matplotlib.axes.Axes.plot` for the spectrum.
+        rank_lines : {"all", "chosen"}, default="all"
+            ``"all"`` marks the energy, entropy and threshold ranks; ``"chosen"`` only the
+            rank read (the threshold rank, or the energy rank where no threshold is known),
+            labelled ``r*``.
 
         Returns
         -------
         display : SpectrumDisplay
             Object that stores the computed values and the matplotlib handles.
         """
+        if rank_lines not in ("all", "chosen"):
+            raise ValueError(f'`rank_lines` must be "all" or "chosen". Got {rank_lines!r} '
+                             "instead.")
         self.figure_, self.ax_ = new_axes(ax, f"{type(self).__name__}.plot")
         ax = self.ax_
         s = np.sort(np.asarray(self.singular_values, dtype=float))[::-1]
@@ -127,11 +136,15 @@ class SpectrumDisplay:
                                              **(line_kw or {})})
         self.energy_rank_line_ = self.entropy_rank_line_ = None
         self.threshold_line_ = self.threshold_rank_line_ = None
-        if self.energy_rank is not None:
+        chosen = rank_lines == "chosen"
+        # Only the rank read: the threshold's where it is known, else the energy rank.
+        chosen_energy = chosen and (self.threshold is None or self.threshold_rank is None)
+        if self.energy_rank is not None and (not chosen or chosen_energy):
             self.energy_rank_line_ = ax.axvline(
                 self.energy_rank, color="tab:green", linestyle="--",
-                label=f"energy rank (tau={self.tau:g}) = {self.energy_rank}")
-        if self.entropy_rank is not None:
+                label=(f"r* = {self.energy_rank} (energy, tau={self.tau:g})" if chosen else
+                       f"energy rank (tau={self.tau:g}) = {self.energy_rank}"))
+        if self.entropy_rank is not None and not chosen:
             self.entropy_rank_line_ = ax.axvline(
                 self.entropy_rank, color="tab:purple", linestyle=":",
                 label=f"entropy rank = {self.entropy_rank:.2f}")
@@ -141,8 +154,9 @@ class SpectrumDisplay:
                 label=f"threshold = {self.threshold:.3g}")
             if self.threshold_rank is not None:
                 self.threshold_rank_line_ = ax.axvline(
-                    self.threshold_rank, color="tab:red", linestyle="-.",
-                    label=f"threshold rank = {self.threshold_rank}")
+                    self.threshold_rank, color="tab:red", linestyle="--",
+                    label=(f"r* = {self.threshold_rank}" if chosen
+                           else f"threshold rank = {self.threshold_rank}"))
         self.rank_interval_span_ = self.detection_limit_line_ = None
         if self.rank_interval is not None:
             low, high = (int(v) for v in self.rank_interval)
@@ -156,9 +170,12 @@ class SpectrumDisplay:
                 label=f"detection limit = {self.detection_limit:.3g}")
         if log_scale:
             ax.set_yscale("log")
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # k counts values
         ax.set_xlabel("index k")
         ax.set_ylabel("singular value s_k")
-        ax.legend(loc="upper right")
+        ax.legend(loc="lower left")  # a spectrum falls from the upper left
         return self
 
     @classmethod
@@ -236,13 +253,15 @@ class SpectrumDisplay:
         name : str, default=None
             Legend label; ``None`` names the estimator and its criterion.
         **kwargs : dict
-            Passed to :meth:`plot`.
+            Passed to :meth:`plot`; ``rank_lines`` defaults to ``"chosen"`` here (the rank
+            the estimator read, not the energy and entropy ranks beside it).
 
         Returns
         -------
         display : SpectrumDisplay
         """
         import_pyplot(f"{cls.__name__}.from_estimator")
+        kwargs = {"rank_lines": "chosen", **kwargs}
         check_is_fitted(estimator, "singular_values_")
         tau = getattr(estimator, "tau", 0.99) if tau is None else tau
         s = np.asarray(estimator.singular_values_, dtype=float)
