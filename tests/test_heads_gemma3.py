@@ -184,3 +184,23 @@ def test_a_config_that_changes_the_logits_is_refused():
     model = transformers.Gemma2ForCausalLM(config)
     with pytest.raises(ValueError, match=r"not as 'llama'.*query_pre_attn_scalar"):
         layers_of(model)
+
+
+def test_the_head_model_benchmark_runs_on_a_saved_model(gemma, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    benchmarks = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # the script imports its sibling _held_out
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_bench_gemma_head_model",
+                                                  benchmarks / "bench_gemma_head_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, tokenizer = gemma
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    for dtype in ("float64", "float32"):
+        out = bench.main([str(tmp_path), "--n-lines", "4", "--dtype", dtype])
+        assert out["family"] == "gemma3" and out["n_lines"] == 4
+        assert out["max"] < 2e-6 and np.array(out["errors"]).shape == (3, 4)
