@@ -132,6 +132,37 @@ def test_ranks_and_curves_are_taken_on_the_normalised_heads(gemma):
         assert curves[..., 0].min() > 1e-3 and np.all(np.isfinite(curves))
 
 
+def test_the_taylor_terms_are_taken_on_the_normalised_queries(gemma):
+    # The query gradients are read at q_norm's output: summed over the tokens, the trace of
+    # ``q^T dL/dq`` of the normalised queries is the derivative of the summed loss along a
+    # common scaling of the layer's query gains, ``d/dt L(gains (1 + t))`` at 0.
+    import copy
+
+    from sklearn_ebound.heads import head_sensitivity
+
+    model, tokenizer = gemma
+    model = copy.deepcopy(model).double()  # one text per batch: no padding in float64
+
+    def sensitivity():
+        return head_sensitivity(model, TEXTS, tokenizer=tokenizer, labels="data",
+                                batch_size=1)
+
+    sens = sensitivity()
+    M = (sens.query_gradient * sens.half_tokens[:, None, None, None, None]).sum(0)
+    trace = np.trace(M, axis1=-2, axis2=-1).sum(-1)  # per layer, summed over tokens
+    norm = model.model.layers[1].self_attn.q_norm
+    saved = norm.weight.detach().clone()
+    losses = []
+    for t in (-1e-3, 1e-3):
+        with torch.no_grad():
+            norm.weight.copy_((1 + saved) * (1 + t) - 1)
+        losses.append(sensitivity().loss)  # mean over the predicted tokens
+    n_predicted = sens.n_tokens - len(TEXTS)
+    slope = (losses[1] - losses[0]) / 2e-3 * n_predicted
+    assert abs(trace[1]) > 1e-2
+    np.testing.assert_allclose(slope, trace[1], rtol=1e-3)
+
+
 def test_writing_a_normalised_head_into_its_query_projection_is_refused(gemma):
     model, tokenizer = gemma
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",), layers=[0])

@@ -275,6 +275,15 @@ class AttentionFamily:
         """``(query slot, key slot)`` of query head ``head`` and key head ``kv_head``."""
         raise NotImplementedError
 
+    def query_site(self, layer):
+        """``(module, heads_first)``: the module whose output holds the layer's queries where
+        a rank-``r`` form acts on them (after any normalisation, before the rotation).
+
+        ``heads_first``: the output is ``(b, n_heads, n, d_h)``; otherwise ``(b, n, ...)``
+        with head ``h`` in the entries of its query slot (:meth:`slots`).
+        """
+        return self.slots(layer, 0, 0)[0].module, False
+
     def is_causal(self, config):
         """Whether a token attends only to itself and the tokens before it."""
         return True

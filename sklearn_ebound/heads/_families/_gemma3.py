@@ -36,6 +36,10 @@ class Gemma3Family(LlamaFamily):
             return "its config sets use_bidirectional_attention, whose windows are not modelled"
         return ""
 
+    def query_site(self, layer):
+        # q_norm's output: the normalised queries, (b, n_heads, n, d_h), not yet rotated
+        return layer.attention_module + ".q_norm", True
+
     def is_causal(self, config):
         return not getattr(config, "use_bidirectional_attention", False)
 
