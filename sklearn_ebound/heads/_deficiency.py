@@ -720,7 +720,9 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     Parameters
     ----------
     model : transformers model or path
-        A Hugging Face model (BERT-, GPT-2- or LLaMA-style) or the directory of a saved one.
+        A Hugging Face model (BERT-, GPT-2-, LLaMA- or Gemma 3-style) or the directory of a
+        saved one. For a family that normalises its query and key heads (Gemma 3) the forms
+        and curves are taken on the normalised queries and keys.
     texts : list of str
         Real text, one sentence or passage per entry.
     tokenizer : transformers tokenizer, default=None

@@ -286,8 +286,9 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     Parameters
     ----------
     model_or_weights : transformers model, torch module, path or mapping
-        A Hugging Face model object (BERT-, GPT-2- or LLaMA-style; head counts and rotary base
-        are read from its config), a directory holding a saved Hugging Face model (loaded
+        A Hugging Face model object (BERT-, GPT-2-, LLaMA- or Gemma 3-style; head counts,
+        rotary bases and, for Gemma 3, the logit scale, the sliding windows and the query and
+        key gains are read from its config and weights), a directory holding a saved Hugging Face model (loaded
         offline), or a state dict of numpy arrays or torch tensors (for example from
         ``safetensors.numpy.load_file``), which needs ``n_heads``.
     n_heads : int, default=None
@@ -295,8 +296,8 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     n_kv_heads : int, default=None
         Key heads per layer for grouped-query attention (``"llama"`` scheme); defaults to the
         config's ``num_key_value_heads``, else ``n_heads``.
-    naming : {"bert", "gpt2", "llama"}, default=None
-        Parameter naming scheme, detected from the keys when ``None``:
+    naming : {"bert", "gpt2", "llama", "gemma3"}, default=None
+        Parameter naming scheme, detected from the keys (and the config) when ``None``:
 
         * ``"bert"``: ``encoder.layer.{i}.attention.self.query.weight`` / ``key.weight``
           (``nn.Linear`` layout ``(n_heads * d_h, d)``, head ``h`` in rows
@@ -305,9 +306,16 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
           that computes ``x W + b`` (transposed with respect to ``nn.Linear``), columns
           ``[query | key | value]``;
         * ``"llama"``: ``layers.{i}.self_attn.q_proj.weight`` / ``k_proj.weight``, with
-          ``n_kv_heads`` key heads and rotary embeddings.
+          ``n_kv_heads`` key heads and rotary embeddings;
+        * ``"gemma3"``: LLaMA's keys and ``q_norm.weight`` / ``k_norm.weight``, each query
+          and key head RMS-normalised with the gains ``1 + w`` before its rotation (a
+          Gemma 3 model with its config only): the kernel is ``W_Q D_Q (W_K D_K)^T`` and
+          the logit field is taken on the normalised queries and keys.
 
         Any prefix before these names (``bert.``, ``transformer.``, ``model.``) is accepted.
+        An attention block holding a parameter its family does not model (such as
+        ``q_norm.weight`` in a LLaMA-named state dict without a Gemma 3 config) is refused
+        with its name.
     inputs : list of str, or list of array-like, default=None
         Text to run the model on (needs a model and a tokenizer), or the hidden states entering
         the query/key projections of each layer given directly: a list with one entry per
