@@ -223,6 +223,43 @@ def test_next_token_kl_by_hand_on_one_text(word_tokenizer):
         np.testing.assert_allclose(table.rows[i]["kl"], expected, rtol=1e-5)  # batched: padding
 
 
+def _padded_tokenizer(side):
+    from conftest import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(TEXTS + HELD_OUT)
+    tokenizer.padding_side = side
+    return tokenizer
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_perplexity_and_kl_do_not_depend_on_the_padding_side(kind):
+    # A left-padded row's last pad position precedes its first real token: it predicts
+    # nothing. Left, right and no padding (one text per batch) score every text alike, for
+    # rotary (LLaMA) and absolute (GPT-2) positions.
+    torch.manual_seed(1)
+    model, other = causal_lm(kind), causal_lm(kind)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    left, right = _padded_tokenizer("left"), _padded_tokenizer("right")
+    vocab = len(left.get_vocab())
+    model.resize_token_embeddings(vocab)
+    other.resize_token_embeddings(vocab)
+    texts = HELD_OUT[:6]
+    assert len({len(t.split()) for t in texts}) > 1  # rows of different lengths: padding
+    alone = perplexity(model, texts, right, batch_size=1)
+    assert alone > 1
+    for tokenizer in (left, right):
+        np.testing.assert_allclose(perplexity(model, texts, tokenizer), alone, rtol=1e-6)
+    kl_alone = next_token_kl(model, other, texts, right, batch_size=1)
+    assert kl_alone.mean_kl > 0
+    for tokenizer in (left, right):
+        kl = next_token_kl(model, other, texts, tokenizer)
+        np.testing.assert_allclose(kl.mean_kl, kl_alone.mean_kl, rtol=1e-5)
+        np.testing.assert_allclose(kl.column("kl"), kl_alone.column("kl"), rtol=1e-5)
+        assert kl.n_tokens == kl_alone.n_tokens
+
+
 def test_next_token_kl_checks_its_input(word_tokenizer):
     model = causal_lm("gpt2")
     tokenizer = word_tokenizer(VOCAB)
@@ -273,7 +310,7 @@ def test_cli_reports_the_measure_it_used(word_tokenizer):
 
 
 def test_the_namings_are_the_adapters_names():
-    assert NAMINGS == tuple(FAMILIES) == ("bert", "gpt2", "llama")
+    assert NAMINGS == tuple(FAMILIES) == ("bert", "gpt2", "llama", "gemma3")
     for name, adapter in FAMILIES.items():
         assert isinstance(adapter, AttentionFamily) and adapter.name == name
         assert family(name) is adapter

@@ -1,8 +1,10 @@
 """The attention-native rank of pretrained transformers, head by head.
 
 :func:`head_ranks` reads the query-key kernel ``W_Q W_K^T`` of every head of a Hugging Face
-model (BERT-, GPT-2- and LLaMA-style, grouped-query attention and rotary embeddings included)
-or of a plain state dict, and, given text, the logit field the head produces on it.
+model (BERT-, GPT-2-, LLaMA- and Gemma 3-style, grouped-query attention, rotary embeddings,
+sliding windows and Gemma 3's normalised query and key heads included) or of a plain state
+dict, and, given text, the logit field the head produces on it. A model whose attention
+blocks hold parameters no family models is refused by name.
 :func:`head_deficiency` measures how much query-key rank each head needs on its own output
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
 :func:`head_sensitivity` prices each head's output error in a causal language model's loss

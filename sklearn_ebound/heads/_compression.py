@@ -718,21 +718,46 @@ def embedding_fidelity(original, compressed, texts, tokenizer, *, max_length=128
                        n_texts=len(texts))
 
 
+def _causal_inputs(model, batch):
+    """A token batch as a causal LM's inputs, and the positions whose next token is scored.
+
+    Position ``t`` of a row predicts token ``t + 1``; it is scored when both are real tokens
+    (``keep``, ``(b, n - 1)``), whichever side the tokenizer pads: a left-padded row's last
+    pad position, followed by its first real token, is not. Each row's positions count its
+    real tokens only (``cumsum(mask) - 1``), so a text scores alike alone and padded on
+    either side, whether its model's positions are absolute or rotary.
+    """
+    import inspect
+
+    mask = batch["attention_mask"].bool()
+    inputs = dict(batch)
+    if "position_ids" in inspect.signature(model.forward).parameters:
+        inputs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return inputs, mask[:, :-1] & mask[:, 1:]
+
+
 def perplexity(model, texts, tokenizer, *, max_length=128, batch_size=8):
-    """Perplexity of a causal language model on ``texts`` (token-weighted, padding excluded)."""
+    """Perplexity of a causal language model on ``texts`` (token-weighted, padding excluded).
+
+    ``exp`` of the mean negative log-probability of every real token after a text's first,
+    given the real tokens before it: the same with the tokenizer padding on the left or the
+    right, and the same as one text at a time (see :func:`_causal_inputs`).
+    """
     torch = require("torch")
     texts = check_texts(texts, "texts")
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
         for batch in token_batches(tokenizer, texts, max_length, batch_size):
-            labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-            n = int((labels[:, 1:] != -100).sum())
-            if n == 0:
+            inputs, keep = _causal_inputs(model, batch)
+            if not bool(keep.any()):
                 continue
-            loss = model(**batch, labels=labels).loss
-            total += float(loss) * n
-            count += n
+            logits = model(**inputs).logits
+            for row in range(keep.shape[0]):  # one text at a time: (n, V) in float64
+                log_p = torch.log_softmax(logits[row, :-1][keep[row]].double(), -1)
+                target = batch["input_ids"][row, 1:][keep[row]]
+                total -= float(log_p.gather(-1, target[:, None]).sum())
+                count += int(keep[row].sum())
     if count == 0:
         raise ValueError("`texts` hold no token to predict (each needs at least two tokens).")
     return float(np.exp(total / count))
@@ -800,15 +825,15 @@ def next_token_kl(original, compressed, texts, tokenizer, *, max_length=128, bat
     try:
         with torch.no_grad():
             for batch in token_batches(tokenizer, texts, max_length, batch_size):
-                p_logits, q_logits = original(**batch).logits, compressed(**batch).logits
+                inputs, keep_all = _causal_inputs(original, batch)
+                p_logits = original(**inputs).logits
+                q_logits = compressed(**_causal_inputs(compressed, batch)[0]).logits
                 if p_logits.shape != q_logits.shape:
                     raise ValueError("`original` and `compressed` predict over different "
                                      f"vocabularies ({p_logits.shape[-1]} and "
                                      f"{q_logits.shape[-1]} tokens).")
-                mask = batch["attention_mask"].bool()
-                for row in range(mask.shape[0]):  # one text at a time: (n, V) in float64
-                    # position t predicts token t + 1: both must be real tokens
-                    keep = mask[row, :-1] & mask[row, 1:]
+                for row in range(keep_all.shape[0]):  # one text at a time: (n, V) in float64
+                    keep = keep_all[row]  # position t predicts token t + 1, both real
                     log_p = torch.log_softmax(p_logits[row, :-1][keep].double(), -1)
                     log_q = torch.log_softmax(q_logits[row, :-1][keep].double(), -1)
                     kl = (log_p.exp() * (log_p - log_q)).sum(-1)

@@ -54,7 +54,7 @@ from .._results import ResultTable
 from ._head_forms import (
     METHODS,
     HeadBatches,
-    HeadForms,
+    HeadModel,
     attend,
     augmented_weights,
     check_fraction,
@@ -79,20 +79,20 @@ def _stream_root(wo):
     return None if wo is None else metric_root(wo @ wo.T)
 
 
-def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
-    """Errors of one head at every rank of ``ranks`` (increasing).
+def _head_curve(batches, head, forms, ranks):
+    """Errors of one head (a :class:`HeadModel`) at every rank of ``ranks`` (increasing).
 
     Returns the relative output error ``(len(ranks),)``, ``||O||^2``, ``||O w_o||^2`` (the
     head's energy in the residual stream) and ``(len(ranks), n_sequences)``: each sequence's
     ``||(O(r) - O) w_o||^2``, the error in the residual stream (the last two NaN without
-    ``wo``).
+    ``w_o``).
     """
     torch = require("torch")
+    wo, d_h, scale = head.wo, head.d_h, head.scale
     if forms.rotary:  # each rank's map on the query before its rotation
         maps = [torch.as_tensor(forms.query_map(r)) for r in ranks]
     else:
-        wq_b, wk_b = torch.as_tensor(wq @ forms.A_Q), torch.as_tensor(wk @ forms.A_K)
-    wq_t, wk_t, wv_t = (torch.as_tensor(w) for w in (wq, wk, wv))
+        a_q, a_k = torch.as_tensor(forms.A_Q), torch.as_tensor(forms.A_K)
     root = _stream_root(wo)
     root_t = None if root is None else torch.as_tensor(root)
     num = np.zeros(len(ranks))
@@ -100,24 +100,22 @@ def _head_curve(batches, wq, wk, wv, forms, d_h, ranks, wo=None):
     den, stream = 0.0, 0.0 if wo is not None else np.nan
     for g in batches.groups:
         X, mask, valid = g["X"], g["mask"], g["valid"][..., None]
-        v = X @ wv_t
-        full = attend(rotate(X @ wq_t, g["cos"], g["sin"]), rotate(X @ wk_t, g["cos"],
-                                                                       g["sin"]), v, mask, d_h)
+        q_full, k_full, v = head.queries(X), head.keys(X), head.values(X)
+        k_rot = rotate(k_full, g["cos"], g["sin"])
+        full = attend(rotate(q_full, g["cos"], g["sin"]), k_rot, v, mask, d_h, scale)
         den += float(torch.sum((full * valid) ** 2))
         if wo is not None:
             stream += float(torch.sum(((full @ root_t) * valid) ** 2))
-        if forms.rotary:  # the rank-r map on the query before its rotation, keys whole
-            q, k = X @ wq_t, rotate(X @ wk_t, g["cos"], g["sin"])
-        else:
-            q, k = X @ wq_b, X @ wk_b
+        if not forms.rotary:
+            q, k = q_full @ a_q, k_full @ a_k
         for i, r in enumerate(ranks):
-            if forms.rotary:
-                qc = rotate(q @ maps[i], g["cos"], g["sin"])
-                kc = k
+            if forms.rotary:  # the rank-r map on the query before its rotation, keys whole
+                qc = rotate(q_full @ maps[i], g["cos"], g["sin"])
+                kc = k_rot
             else:
                 qc = q[..., :r] if r else torch.zeros_like(q[..., :1])
                 kc = k[..., :r] if r else torch.zeros_like(k[..., :1])
-            delta = attend(qc, kc, v, mask, d_h) - full
+            delta = attend(qc, kc, v, mask, d_h, scale) - full
             num[i] += float(torch.sum((delta * valid) ** 2))
             if wo is not None:
                 per_seq[i, g["index"]] = batches.per_sequence(g, (delta @ root_t) ** 2)
@@ -576,25 +574,27 @@ def _layer_batches(model, tokenizer, layer, split, settings):
                                     batch_size=settings.batch_size, stop_early=True)
         seqs, rots = seqs[0], rots[0]
         if settings.rotary:  # the default tables where the model passed none
-            rots = [r if r is not None else rope_tables(len(x), d_h, settings.theta)
+            theta = settings.theta if layer.rope_theta is None else layer.rope_theta
+            rots = [r if r is not None else rope_tables(len(x), d_h, theta)
                     for x, r in zip(seqs, rots or [None] * len(seqs), strict=True)]
         parts[name] = HeadBatches(seqs, rots if settings.rotary else None, settings.causal,
-                                  torch.float64)
+                                  torch.float64, window=layer.window)
     return parts
 
 
 def _head_curves(out, hi, h, head, parts, roots, settings, input_energy):
-    """The weight-space and data-aware forms of one head and their curves, into ``out``."""
-    wq, wk, wv, wo = head
+    """The weight-space and data-aware forms of one head (a :class:`HeadModel`) and their
+    curves, into ``out``."""
+    calibration = [parts[name] for name in ("cal", "val") if name in parts]
     for m in ("weight", "data"):
         if m not in settings.methods and not (m == "data" and "trained" in settings.methods):
             continue
-        forms = (HeadForms(wq, wk, settings.rotary) if m == "weight" else
-                 HeadForms(wq, wk, settings.rotary, *roots))
+        forms = (head.forms(settings.rotary) if m == "weight" else
+                 head.forms(settings.rotary, calibration, settings.shrinkage, roots))
         out.forms[(h, m)] = forms
         if m in settings.methods:
             out.errors[m][hi], _, stream, out.stream_err[m][hi] = _head_curve(
-                parts["eval"], wq, wk, wv, forms, wq.shape[1], range(wq.shape[1] + 1), wo)
+                parts["eval"], head, forms, range(head.d_h + 1))
             out.share[hi] = stream / input_energy
 
 
@@ -655,8 +655,10 @@ def _analyse_layer(model, tokenizer, layer, split, settings, progress=None):
     for hi, h in enumerate(settings.heads):
         g = int(layer.kv_index[h])
         head = (wq[h], wk[g], wv[g], None if layer.w_o is None else layer.w_o[h])
-        _head_curves(out, hi, h, head, parts, roots, settings, input_energy)
-        if "trained" in settings.methods and not settings.rotary:
+        _head_curves(out, hi, h, HeadModel(layer, h, (wq, wk, wv)), parts, roots, settings,
+                     input_energy)
+        # trained pairs are bilinear forms in the tokens: not for rotary or normalised heads
+        if "trained" in settings.methods and not settings.rotary and not layer.normalised:
             t0 = time.perf_counter()
             _train_pairs(out, hi, h, layer.index, head, parts, roots, settings)
             out.train_seconds += time.perf_counter() - t0
@@ -718,7 +720,9 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
     Parameters
     ----------
     model : transformers model or path
-        A Hugging Face model (BERT-, GPT-2- or LLaMA-style) or the directory of a saved one.
+        A Hugging Face model (BERT-, GPT-2-, LLaMA- or Gemma 3-style) or the directory of a
+        saved one. For a family that normalises its query and key heads (Gemma 3) the forms
+        and curves are taken on the normalised queries and keys.
     texts : list of str
         Real text, one sentence or passage per entry.
     tokenizer : transformers tokenizer, default=None

@@ -11,6 +11,7 @@ from numbers import Real
 
 import numpy as np
 
+from ._families._base import normalise
 from ._inputs import config_heads, load_pretrained, require
 from ._weights import detect_family, family_layers
 
@@ -40,7 +41,8 @@ def model_source(model_or_dir, tokenizer):
 def layers_of(model):
     """``(family adapter, layers, rope theta)`` of a Hugging Face model, value maps required."""
     n_heads, n_kv, theta = config_heads(model.config)
-    family, layers = family_layers(model.state_dict(), n_heads, n_kv_heads=n_kv)
+    family, layers = family_layers(model.state_dict(), n_heads, n_kv_heads=n_kv,
+                                   config=model.config)
     if any(layer.w_v is None for layer in layers):
         raise ValueError("The model's state dict holds no value weights; the head outputs "
                          "need them.")
@@ -48,8 +50,8 @@ def layers_of(model):
 
 
 def family_of(model):
-    """The family adapter of a Hugging Face model, from its state dict's keys alone."""
-    return detect_family(list(model.state_dict()))[0]
+    """The family adapter of a Hugging Face model, from its state dict's keys and config."""
+    return detect_family(list(model.state_dict()), config=getattr(model, "config", None))[0]
 
 
 def check_texts(texts, name):
@@ -71,10 +73,11 @@ class HeadBatches:
 
     ``X`` is ``(b, n, d + 1)`` (the augmented tokens ``[x, 1]``, zero at padding), ``mask``
     ``(b, n, n)`` the allowed (query, key) pairs, ``valid`` ``(b, n)`` the real tokens,
-    ``cos``/``sin`` ``(b, n, d_h)`` the rotary tables (``None`` without rotary).
+    ``cos``/``sin`` ``(b, n, d_h)`` the rotary tables (``None`` without rotary). With a
+    sliding ``window`` query ``i`` sees key ``j`` only when ``i - j < window``.
     """
 
-    def __init__(self, sequences, rotations, causal, dtype):
+    def __init__(self, sequences, rotations, causal, dtype, window=None):
         torch = require("torch")
         order = np.argsort([len(x) for x in sequences], kind="stable")
         self.groups = []
@@ -98,6 +101,9 @@ class HeadBatches:
             mask = valid[:, None, :] & valid[:, :, None]
             if causal:
                 mask &= np.tril(np.ones((n, n), bool))
+            if window is not None:
+                offsets = np.arange(n)[:, None] - np.arange(n)[None, :]
+                mask &= offsets < window
             # Padding rows attend to themselves only, so that no row of softmax is empty.
             mask |= np.eye(n, dtype=bool)[None] & ~valid[:, :, None]
             def as_t(a):
@@ -131,12 +137,170 @@ def rotate(t, cos, sin):
     return t * cos + __import__("torch").cat([-t[..., half:], t[..., :half]], -1) * sin
 
 
-def attend(q, k, v, mask, d_h):
-    """``softmax(q k^T / sqrt(d_h) + mask) v`` with a boolean mask (True: allowed)."""
+def attend(q, k, v, mask, d_h, scale=None):
+    """``softmax(s q k^T + mask) v`` with a boolean mask (True: allowed), ``s = scale`` or by
+    default ``1 / sqrt(d_h)``."""
     torch = require("torch")
-    logits = q @ k.transpose(-1, -2) / math.sqrt(d_h)
+    scale = 1 / math.sqrt(d_h) if scale is None else scale
+    logits = q @ k.transpose(-1, -2) * scale
     logits = logits.masked_fill(~mask, -torch.inf)
     return torch.softmax(logits, -1) @ v
+
+
+class HeadModel:
+    """What one head computes from its layer's inputs, as its family declares it.
+
+    With ``x~ = [x, 1]`` the head's query is ``q = n_Q(x~ W~_Q)``, its key ``k = n_K(x~
+    W~_K)`` (``n`` the per-head normalisation of :func:`~._families._base.normalise` with the
+    layer's gains, the identity for families without one), both rotated by position for a
+    rotary layer, and its output on a sequence ``softmax(s R q . R k + mask) x~ W~_V``, ``s``
+    the layer's logit scale and the mask the model's (padding, causal, sliding window) as the
+    batches hold it. A rank-``r`` form acts on ``q`` (after the normalisation, before the
+    rotation): ``q -> q G_r`` for a rotary head, the first ``r`` columns of ``q A_Q`` and ``k
+    A_K`` otherwise (:class:`HeadForms`).
+    """
+
+    def __init__(self, layer, head, weights=None):
+        wq, wk, wv = augmented_weights(layer) if weights is None else weights
+        g = int(layer.kv_index[head])
+        self.wq, self.wk, self.wv = wq[head], wk[g], wv[g]
+        self.wo = None if layer.w_o is None else layer.w_o[head]
+        self.q_gain = None if layer.q_gain is None else layer.q_gain[head]
+        self.k_gain = None if layer.k_gain is None else layer.k_gain[g]
+        self.eps, self.scale, self.d_h = layer.norm_eps, layer.scale, layer.head_dim
+        self._t = {}
+
+    @property
+    def normalised(self):
+        return self.q_gain is not None
+
+    def _tensor(self, name):
+        if name not in self._t:
+            self._t[name] = require("torch").as_tensor(getattr(self, name))
+        return self._t[name]
+
+    def queries(self, X):
+        """``n_Q(X W~_Q)`` before rotation, ``X`` ``(..., d + 1)`` float64 torch."""
+        return normalise(X @ self._tensor("wq"), self.q_gain, self.eps)
+
+    def keys(self, X):
+        return normalise(X @ self._tensor("wk"), self.k_gain, self.eps)
+
+    def values(self, X):
+        return X @ self._tensor("wv")
+
+    def output(self, g):
+        """The head's output ``(b, n, d_h)`` on one group of :class:`HeadBatches`."""
+        X = g["X"]
+        return attend(rotate(self.queries(X), g["cos"], g["sin"]),
+                      rotate(self.keys(X), g["cos"], g["sin"]), self.values(X), g["mask"],
+                      self.d_h, self.scale)
+
+    def forms(self, rotary, parts=None, shrinkage=0.0, roots=None):
+        """The head's :class:`HeadForms`: weight-space without ``parts``/``roots``, else
+        data-aware.
+
+        For a normalised head the form is taken on the normalised queries and keys: in the
+        weights' metric, of the kernel with the gains ``W~_Q D_Q (W~_K D_K)^T``; in the
+        data's, of the identity on the ``d_h`` coordinates of ``q`` and ``k`` in the
+        metrics of their own second moments on the calibration ``parts`` (the keys centred
+        within each sequence), each shrunk as in :func:`data_metric_roots`. Otherwise the
+        layer's ``roots`` (of the tokens' moments) give the data-aware form.
+        """
+        if not self.normalised:
+            return HeadForms(self.wq, self.wk, rotary, *(roots or ()))
+        if parts is None:
+            return HeadForms(self.wq * self.q_gain, self.wk * self.k_gain, rotary)
+        eye = np.eye(self.d_h)
+        return HeadForms(eye, eye, rotary, *self.metric_roots(parts, shrinkage))
+
+    def metric_roots(self, parts, shrinkage=0.0):
+        """Roots of the second moments of the normalised queries and of the keys centred
+        within each sequence, over the real tokens of ``parts`` (a list of batches)."""
+        torch = require("torch")
+        mq, mk, n_q, n_k = 0.0, 0.0, 0, 0
+        with torch.no_grad():
+            for batches in parts:
+                for g in batches.groups:
+                    valid = g["valid"]
+                    q, k = self.queries(g["X"]), self.keys(g["X"])
+                    qv = q[valid]
+                    mq = mq + (qv.T @ qv).numpy()
+                    counts = valid.sum(1).clamp(min=1)[:, None, None]
+                    mean = (k * valid[..., None]).sum(1, keepdim=True) / counts
+                    kc = (k - mean)[valid]
+                    mk = mk + (kc.T @ kc).numpy()
+                    n_q, n_k = n_q + len(qv), n_k + len(kc)
+        roots = []
+        for m in (mq / max(n_q, 1), mk / max(n_k, 1)):
+            if shrinkage > 0:
+                m = (1 - shrinkage) * m + shrinkage * np.trace(m) / len(m) * np.eye(len(m))
+            roots.append(metric_root(m))
+        return tuple(roots)
+
+
+def head_model_errors(model, texts, tokenizer, *, max_length=64, batch_size=8):
+    """How far :class:`HeadModel` is from the heads' real outputs on ``texts``.
+
+    The model runs once on the texts; each layer's head outputs are read where the model
+    feeds them to its output projection (head ``h`` in entries ``h d_h : (h + 1) d_h``), and
+    computed from the captured inputs of its query projection by :class:`HeadModel`.
+
+    Returns
+    -------
+    errors : ndarray of shape (n_layers, n_heads)
+        ``||O_model - O_head_model|| / ||O_model||`` (Frobenius, over the real tokens).
+    family : AttentionFamily
+    """
+    torch = require("torch")
+    from ._inputs import capture_inputs, rope_tables, token_batches
+
+    family, layers, theta = layers_of(model)
+    outputs = [[] for _ in layers]
+
+    def keep(store):
+        def hook(module, args):
+            store.append(args[0].detach().double())
+        return hook
+
+    handles = [model.get_submodule(family.output_module(layer)).register_forward_pre_hook(
+        keep(store)) for layer, store in zip(layers, outputs, strict=True)]
+    try:
+        sequences, rotations = capture_inputs(model, layers, texts, tokenizer,
+                                              rotary=family.rotary, max_length=max_length,
+                                              batch_size=batch_size)
+    finally:
+        for handle in handles:
+            handle.remove()
+    masks = [b["attention_mask"].bool()
+             for b in token_batches(tokenizer, texts, max_length, batch_size)]
+    causal = family.is_causal(model.config)
+    errors = np.zeros((len(layers), layers[0].n_heads))
+    for li, layer in enumerate(layers):
+        d_h = layer.head_dim
+        real = torch.cat([o[m] for o, m in zip(outputs[li], masks, strict=True)])
+        rots = None
+        if family.rotary:
+            base = theta if layer.rope_theta is None else layer.rope_theta
+            rots = [r if r is not None else rope_tables(len(x), d_h, base)
+                    for x, r in zip(sequences[li], rotations[li], strict=True)]
+        batches = HeadBatches(sequences[li], rots, causal, torch.float64, window=layer.window)
+        # the batches' sequences in the texts' order: real rows of sequence i
+        starts = np.concatenate([[0], np.cumsum([len(x) for x in sequences[li]])])
+        weights = augmented_weights(layer)
+        for h in range(layer.n_heads):
+            head = HeadModel(layer, h, weights)
+            num = den = 0.0
+            with torch.no_grad():
+                for g in batches.groups:
+                    out = head.output(g)
+                    for row, i in enumerate(g["index"]):
+                        n = starts[i + 1] - starts[i]
+                        target = real[starts[i]:starts[i + 1], h * d_h:(h + 1) * d_h]
+                        num += float(torch.sum((out[row, :n] - target) ** 2))
+                        den += float(torch.sum(target ** 2))
+            errors[li, h] = np.sqrt(num / max(den, np.finfo(float).tiny))
+    return errors, family
 
 
 # --- the rank-r forms -----------------------------------------------------------------------

@@ -189,9 +189,13 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
     tables = [[] for _ in layers]
     hooks = []
 
+    def kept(t):  # float32 at least, float64 kept as it is
+        t = t.detach()
+        return t if t.dtype == torch.float64 else t.float()
+
     def keep_input(store, last=False):
         def hook(module, args):
-            store.append(args[0].detach().float())
+            store.append(kept(args[0]))
             if last:
                 raise _Captured
         return hook
@@ -201,7 +205,7 @@ def capture_inputs(model, layers, texts, tokenizer, *, rotary, max_length=128, b
             pair = kwargs.get("position_embeddings")
             if pair is None and len(args) > 1:
                 pair = args[1]
-            store.append(None if pair is None else tuple(t.detach().float() for t in pair))
+            store.append(None if pair is None else tuple(kept(t) for t in pair))
         return hook
 
     try:

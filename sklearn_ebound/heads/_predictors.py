@@ -8,12 +8,11 @@ import numpy as np
 from .._results import ResultTable
 from ._head_forms import (
     HeadBatches,
-    attend,
+    HeadModel,
     augmented_weights,
     check_texts,
     layers_of,
     model_source,
-    rotate,
 )
 from ._inputs import capture_inputs, require, rope_tables
 
@@ -118,22 +117,18 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
         span = np.linalg.matrix_rank(X.reshape(-1, d))  # the kernel's identifiable side
         rot = None
         if rotary:
+            base = theta if layer.rope_theta is None else layer.rope_theta
             tables = [rots[0][i] if rots[0] and rots[0][i] is not None
-                      else rope_tables(len(seqs[0][i]), layer.head_dim, theta) for i in keep]
+                      else rope_tables(len(seqs[0][i]), layer.head_dim, base) for i in keep]
             rot = [(c[:window], s[:window]) for c, s in tables]
-        batches = HeadBatches(list(X), rot, causal, torch.float64)
+        batches = HeadBatches(list(X), rot, causal, torch.float64, window=layer.window)
         wq, wk, wv = augmented_weights(layer)
         order = np.argsort([window] * len(X), kind="stable")  # HeadBatches keeps this order
         for h in head_list:
             g = int(layer.kv_index[h])
-            outs = []
+            head = HeadModel(layer, h, (wq, wk, wv))
             with torch.no_grad():
-                for grp in batches.groups:
-                    Xg = grp["X"]
-                    q = rotate(Xg @ torch.as_tensor(wq[h]), grp["cos"], grp["sin"])
-                    k = rotate(Xg @ torch.as_tensor(wk[g]), grp["cos"], grp["sin"])
-                    outs.append(attend(q, k, Xg @ torch.as_tensor(wv[g]), grp["mask"],
-                                        layer.head_dim).numpy())
+                outs = [head.output(grp).numpy() for grp in batches.groups]
             Y = np.concatenate(outs)[np.argsort(order)]
             row = {"layer": layer.index, "head": h}
             base = by_head[(layer.index, h)]

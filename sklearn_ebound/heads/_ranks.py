@@ -23,6 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from .._results import ResultTable
 from .._spectrum import energy_rank, entropy_rank, stable_rank
+from ._families._base import normalise
 from ._inputs import (
     capture_inputs,
     config_heads,
@@ -54,35 +55,43 @@ def _core_spectrum(left, right, width):
 
 
 def _kernel_spectra(layer):
-    """``(n_heads, d_h)``: singular values of ``W_Q[h] W_K[g(h)]^T`` for every query head."""
-    return _core_spectrum(layer.w_q, layer.w_k[layer.kv_index], layer.head_dim)
+    """``(n_heads, d_h)``: singular values of ``W_Q[h] W_K[g(h)]^T`` for every query head
+    (with a normalising family's gains, :meth:`QKLayer.kernel_weights`)."""
+    w_q, w_k = layer.kernel_weights()
+    return _core_spectrum(w_q, w_k[layer.kv_index], layer.head_dim)
 
 
 def _model_space_spectra(layer):
     """The same spectra from the explicit ``d x d`` kernels (``O(d^3)`` per head)."""
-    kernels = layer.w_q @ np.swapaxes(layer.w_k[layer.kv_index], -1, -2)
+    w_q, w_k = layer.kernel_weights()
+    kernels = w_q @ np.swapaxes(w_k[layer.kv_index], -1, -2)
     return np.linalg.svd(kernels, compute_uv=False)[:, :layer.head_dim]
 
 
 def _queries_keys(layer, X, rotation, bias):
     """Queries and keys ``(n_heads, T, d_h)`` of the stacked tokens ``X`` (T, d), scaled.
 
-    ``q_i = x_i W_Q (+ b_Q)``, rotated by the token's rotary table when given
-    (``R_p q = q cos + rotate_half(q) sin``); both carry a factor ``d_h^(-1/4)`` so that
-    ``q_i^T k_j`` is the logit ``x_i^T W x_j / sqrt(d_h)``.
+    ``q_i = x_i W_Q (+ b_Q)``, normalised per head where the family does so (with its
+    gains), rotated by the token's rotary table when given (``R_p q = q cos +
+    rotate_half(q) sin``); both carry a factor ``sqrt(s)`` (``s`` the layer's logit scale,
+    ``1 / sqrt(d_h)`` by default) so that ``q_i^T k_j`` is the logit.
     """
     q = X @ layer.w_q  # (T, d) @ (n_heads, d, d_h) -> (n_heads, T, d_h)
-    k = (X @ layer.w_k)[layer.kv_index]
+    k = X @ layer.w_k
     if bias:
         if layer.b_q is not None:
             q = q + layer.b_q[:, None, :]
         if layer.b_k is not None:
-            k = k + layer.b_k[layer.kv_index][:, None, :]
+            k = k + layer.b_k[:, None, :]
+    if layer.normalised:
+        q = normalise(q, layer.q_gain[:, None, :], layer.norm_eps)
+        k = normalise(k, layer.k_gain[:, None, :], layer.norm_eps)
+    k = k[layer.kv_index]
     if rotation is not None:
         cos, sin = rotation
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-    scale = layer.head_dim ** -0.25
+    scale = np.sqrt(layer.scale)
     return q * scale, k * scale
 
 
@@ -277,8 +286,9 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     Parameters
     ----------
     model_or_weights : transformers model, torch module, path or mapping
-        A Hugging Face model object (BERT-, GPT-2- or LLaMA-style; head counts and rotary base
-        are read from its config), a directory holding a saved Hugging Face model (loaded
+        A Hugging Face model object (BERT-, GPT-2-, LLaMA- or Gemma 3-style; head counts,
+        rotary bases and, for Gemma 3, the logit scale, the sliding windows and the query and
+        key gains are read from its config and weights), a directory holding a saved Hugging Face model (loaded
         offline), or a state dict of numpy arrays or torch tensors (for example from
         ``safetensors.numpy.load_file``), which needs ``n_heads``.
     n_heads : int, default=None
@@ -286,8 +296,8 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     n_kv_heads : int, default=None
         Key heads per layer for grouped-query attention (``"llama"`` scheme); defaults to the
         config's ``num_key_value_heads``, else ``n_heads``.
-    naming : {"bert", "gpt2", "llama"}, default=None
-        Parameter naming scheme, detected from the keys when ``None``:
+    naming : {"bert", "gpt2", "llama", "gemma3"}, default=None
+        Parameter naming scheme, detected from the keys (and the config) when ``None``:
 
         * ``"bert"``: ``encoder.layer.{i}.attention.self.query.weight`` / ``key.weight``
           (``nn.Linear`` layout ``(n_heads * d_h, d)``, head ``h`` in rows
@@ -296,9 +306,16 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
           that computes ``x W + b`` (transposed with respect to ``nn.Linear``), columns
           ``[query | key | value]``;
         * ``"llama"``: ``layers.{i}.self_attn.q_proj.weight`` / ``k_proj.weight``, with
-          ``n_kv_heads`` key heads and rotary embeddings.
+          ``n_kv_heads`` key heads and rotary embeddings;
+        * ``"gemma3"``: LLaMA's keys and ``q_norm.weight`` / ``k_norm.weight``, each query
+          and key head RMS-normalised with the gains ``1 + w`` before its rotation (a
+          Gemma 3 model with its config only): the kernel is ``W_Q D_Q (W_K D_K)^T`` and
+          the logit field is taken on the normalised queries and keys.
 
         Any prefix before these names (``bert.``, ``transformer.``, ``model.``) is accepted.
+        An attention block holding a parameter its family does not model (such as
+        ``q_norm.weight`` in a LLaMA-named state dict without a Gemma 3 config) is refused
+        with its name.
     inputs : list of str, or list of array-like, default=None
         Text to run the model on (needs a model and a tokenizer), or the hidden states entering
         the query/key projections of each layer given directly: a list with one entry per
@@ -384,7 +401,8 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     taus = _check_taus(taus)
     state, model, tokenizer, n_heads, n_kv_heads, theta = _source(
         model_or_weights, n_heads, n_kv_heads, tokenizer)
-    family, layers = family_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming)
+    family, layers = family_layers(state, n_heads, n_kv_heads=n_kv_heads, naming=naming,
+                                   config=getattr(model, "config", None))
     rotary = family.rotary
     theta = float(rope_theta if rope_theta is not None else theta or 10000.0)
     d_model = layers[0].w_q.shape[1]
@@ -436,7 +454,9 @@ def _layer_inputs(inputs, model, tokenizer, layers, rotary, theta, max_length, b
         rotations = [None] * len(layers)
     if rotary:
         # Default rotary tables at positions 0..n_s-1 where the model passed none.
-        rotations = [[rot if rot is not None else rope_tables(len(x), layer.head_dim, theta)
+        rotations = [[rot if rot is not None else rope_tables(
+                          len(x), layer.head_dim, theta if layer.rope_theta is None
+                          else layer.rope_theta)
                       for x, rot in zip(seqs, rots or [None] * len(seqs), strict=True)]
                      for layer, seqs, rots in zip(layers, sequences, rotations, strict=True)]
     else:

@@ -281,8 +281,13 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
             return output + z
         return hook
 
+    # where the rank-r forms act on the queries: after any normalisation, before the rotation
+    sites = [family.query_site(layer) for layer in layers]
+
     def head_columns(t, li, valid):
         """``(T, n_heads, d_h)``: each head's entries of the query output at the real tokens."""
+        if sites[li][1]:  # (b, n_heads, n, d_h)
+            return t.transpose(1, 2)[valid].double()
         return torch.stack([t[..., slot.start:slot.start + d_h] for slot in query_slots[li]],
                            -2)[valid].double()
 
@@ -292,7 +297,7 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
     mode = model.training
     handles = [model.get_submodule(family.output_module(layer)).register_forward_pre_hook(
         hook_for(li)) for li, layer in enumerate(layers)]
-    handles += [model.get_submodule(query_slots[li][0].module).register_forward_hook(
+    handles += [model.get_submodule(sites[li][0]).register_forward_hook(
         query_hook_for(li)) for li in range(len(layers))]
     total_loss, n_pred, n_tokens, n_seen = 0.0, 0, 0, 0
     try:

@@ -40,6 +40,33 @@ class QKLayer:
     w_v: np.ndarray | None = None  # (n_kv_heads, d, d_h): value maps, when the state has them
     b_v: np.ndarray | None = None  # (n_kv_heads, d_h)
     w_o: np.ndarray | None = None  # (n_heads, d_h, d): head h adds O_h @ w_o[h] to the stream
+    q_gain: np.ndarray | None = None  # (n_heads, d_h): gains of the normalised queries
+    k_gain: np.ndarray | None = None  # (n_kv_heads, d_h): gains of the normalised keys
+    norm_eps: float = 0.0
+    logit_scale: float | None = None  # None: 1 / sqrt(d_h)
+    window: int | None = None  # query i attends to key j only when i - j < window
+    rope_theta: float | None = None  # this layer's rotary base (None: the model's)
+
+    @property
+    def normalised(self):
+        """Whether each query and key head is RMS-normalised (with gains) before rotation."""
+        return self.q_gain is not None
+
+    @property
+    def scale(self):
+        """``s`` of the logits ``s q_i^T k_j``: ``1 / sqrt(d_h)`` unless the family sets it."""
+        return self.head_dim ** -0.5 if self.logit_scale is None else float(self.logit_scale)
+
+    def kernel_weights(self):
+        """``(W_Q, W_K)`` of the query-key kernel the logits are a form of.
+
+        ``W_Q W_K^T`` in general; with normalised heads ``W_Q D_Q (W_K D_K)^T``, ``D`` the
+        diagonal gains: the logit at offset 0 is then ``x_i W_Q D_Q D_K W_K^T x_j^T`` over
+        ``rms(x_i W_Q) rms(x_j W_K)``, the kernel up to one positive number per token.
+        """
+        if not self.normalised:
+            return self.w_q, self.w_k
+        return self.w_q * self.q_gain[:, None, :], self.w_k * self.k_gain[:, None, :]
 
     @property
     def n_heads(self):
@@ -81,6 +108,28 @@ class Slot:
 
     def bias_index(self, width):
         return slice(self.start, self.start + width)
+
+
+def normalise(t, gain, eps):
+    """``t / rms(t) * gain`` over the last axis (``rms(t) = sqrt(mean(t^2) + eps)``); ``t``
+    unchanged when ``gain`` is None. Numpy arrays and torch tensors alike."""
+    if gain is None:
+        return t
+    if hasattr(t, "detach"):
+        import torch
+
+        return t * torch.rsqrt((t * t).mean(-1, keepdim=True) + eps) * torch.as_tensor(
+            gain, dtype=t.dtype)
+    return t / np.sqrt((t * t).mean(-1, keepdims=True) + eps) * gain
+
+
+def config_window(config, i):
+    """Layer ``i``'s sliding window from a Hugging Face config (``None``: none)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and types[i] != "sliding_attention"):
+        return None
+    return int(window)
 
 
 def to_numpy(value):
@@ -146,15 +195,77 @@ class AttentionFamily:
         Queries and keys are rotated by position (rotary embeddings).
     grouped_query : bool
         A key head may serve several query heads (``n_kv_heads < n_heads``).
+    block_parameters : frozenset of str
+        Every parameter of a layer's attention block (names under
+        :meth:`attention_block`) whose role in the heads' outputs the family models. A
+        block holding any other is not of this family (:meth:`unmodelled`): what the extra
+        parameter does to the logits is unknown, so no rank read without it would be right.
+    required_parameters : frozenset of str
+        Those of ``block_parameters`` every block of the family has.
+    model_types : tuple of str or None
+        The config ``model_type`` values of the family (``None``: any, the family being told
+        by its parameters alone).
     """
 
     name = None
     pattern = None
     rotary = False
     grouped_query = False
+    block_parameters = frozenset()
+    required_parameters = frozenset()
+    model_types = None
 
     def __repr__(self):
         return f"<{self.name} attention family>"
+
+    def attention_block(self, prefix, i):
+        """Dotted prefix (``"...self_attn."``) of layer ``i``'s attention block's parameters."""
+        raise NotImplementedError
+
+    def unmodelled(self, keys, prefix, indices):
+        """``(extra, missing)``: each ``{parameter name: blocks}``, the attention blocks'
+        parameters the family does not model and those it needs that are absent (names
+        relative to the block, blocks as :meth:`attention_block` names them)."""
+        keys = set(keys)
+        extra, missing = {}, {}
+        for i in indices:
+            block = self.attention_block(prefix, i)
+            names = {k[len(block):] for k in keys if k.startswith(block)}
+            for name in names - self.block_parameters:
+                extra.setdefault(name, []).append(block)
+            for name in self.required_parameters - names:
+                missing.setdefault(name, []).append(block)
+        return extra, missing
+
+    def config_refusal(self, config):
+        """Why this family does not describe a model of ``config`` (``""`` when it may).
+
+        ``config`` is ``None`` for a bare state dict: then only a family told by its
+        parameters alone (``model_types = None``) may read it.
+        """
+        if self.model_types is None:
+            return ""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in self.model_types:
+            return (f"its attention is read only for a config of model_type in "
+                    f"{list(self.model_types)} (got {model_type!r})")
+        return ""
+
+    def layer_settings(self, config, i):
+        """What layer ``i``'s attention computes beyond its maps: a dict of the optional
+        fields of :class:`QKLayer` (gains, ``norm_eps``, ``logit_scale``, ``window``,
+        ``rope_theta``). By default the sliding window of the config, if any: the layers
+        whose ``layer_types`` entry is ``"sliding_attention"``, or every layer when the
+        config has a ``sliding_window`` and no ``layer_types`` (Mistral)."""
+        return {"window": config_window(config, i)}
+
+    def read(self, state, prefix, i, n_heads, n_kv_heads, config=None):
+        """:meth:`read_layer` with the layer's settings from ``config`` (if any)."""
+        layer = self.read_layer(state, prefix, i, n_heads, n_kv_heads)
+        if config is not None:
+            for name, value in self.layer_settings(config, i).items():
+                setattr(layer, name, value)
+        return layer
 
     def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
         """The :class:`QKLayer` of layer ``i`` of a state dict whose keys start with ``prefix``."""
@@ -163,6 +274,15 @@ class AttentionFamily:
     def slots(self, layer, head, kv_head):
         """``(query slot, key slot)`` of query head ``head`` and key head ``kv_head``."""
         raise NotImplementedError
+
+    def query_site(self, layer):
+        """``(module, heads_first)``: the module whose output holds the layer's queries where
+        a rank-``r`` form acts on them (after any normalisation, before the rotation).
+
+        ``heads_first``: the output is ``(b, n_heads, n, d_h)``; otherwise ``(b, n, ...)``
+        with head ``h`` in the entries of its query slot (:meth:`slots`).
+        """
+        return self.slots(layer, 0, 0)[0].module, False
 
     def is_causal(self, config):
         """Whether a token attends only to itself and the tokens before it."""
@@ -184,8 +304,21 @@ class AttentionFamily:
                                                                           None))
 
     def write_head(self, model, layer, head, kv_head, new_q, new_k):
-        """Write one head's ``W~_Q'`` and ``W~_K'`` (``(d + 1) x d_h``, bias last) in place."""
+        """Write one head's ``W~_Q'`` and ``W~_K'`` (``(d + 1) x d_h``, bias last) in place.
+
+        Refused for normalised heads: a map written into the query projection acts before
+        the normalisation, which then rescales the mapped query token by token, so the
+        written head would not be the rank-``r`` form measured on the normalised queries.
+        """
         import torch
+
+        if layer.normalised:
+            raise ValueError(
+                f"The {self.name!r} family normalises each query and key head before its "
+                f"rotation ({layer.attention_module}); a rank-r map written into the query "
+                "projection would act before that normalisation, which rescales it token by "
+                "token, so it is not the form that was measured. Writing a compressed model "
+                f"of this family is not supported yet.")
 
         d = new_q.shape[0] - 1
         for slot, new in zip(self.slots(layer, head, kv_head), (new_q, new_k), strict=True):

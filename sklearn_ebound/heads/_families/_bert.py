@@ -22,6 +22,12 @@ from ._base import (
 class BertFamily(AttentionFamily):
     name = "bert"
     pattern = re.compile(r"^(.*?)encoder\.layer\.(\d+)\.attention\.self\.query\.weight$")
+    block_parameters = frozenset(f"{m}.{p}" for m in ("query", "key", "value")
+                                 for p in ("weight", "bias"))
+    required_parameters = frozenset({"query.weight", "key.weight"})
+
+    def attention_block(self, prefix, i):
+        return f"{prefix}encoder.layer.{i}.attention.self."
 
     def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
         base = f"{prefix}encoder.layer.{i}.attention.self."

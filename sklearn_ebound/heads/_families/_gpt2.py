@@ -14,6 +14,13 @@ from ._base import AttentionFamily, QKLayer, Slot, get, output_heads
 class GPT2Family(AttentionFamily):
     name = "gpt2"
     pattern = re.compile(r"^(.*?)h\.(\d+)\.attn\.c_attn\.weight$")
+    # (``bias`` and ``masked_bias``: the causal mask buffers older versions saved)
+    block_parameters = frozenset({"c_attn.weight", "c_attn.bias", "c_proj.weight",
+                                  "c_proj.bias", "bias", "masked_bias"})
+    required_parameters = frozenset({"c_attn.weight"})
+
+    def attention_block(self, prefix, i):
+        return f"{prefix}h.{i}.attn."
 
     def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
         base = f"{prefix}h.{i}.attn."

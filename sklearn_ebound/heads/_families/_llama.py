@@ -25,6 +25,22 @@ class LlamaFamily(AttentionFamily):
     pattern = re.compile(r"^(.*?)layers\.(\d+)\.self_attn\.q_proj\.weight$")
     rotary = True
     grouped_query = True
+    # (``rotary_emb.inv_freq``: the rotary base, a buffer older versions saved)
+    block_parameters = frozenset({f"{m}.{p}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")
+                                  for p in ("weight", "bias")} | {"rotary_emb.inv_freq"})
+    required_parameters = frozenset({"q_proj.weight", "k_proj.weight"})
+
+    def attention_block(self, prefix, i):
+        return f"{prefix}layers.{i}.self_attn."
+
+    def config_refusal(self, config):
+        """Settings that change the logits beyond LLaMA's ``q^T k / sqrt(d_h)``: a query
+        scale of its own (Gemma's ``query_pre_attn_scalar``), capped logits (Gemma 2)."""
+        unmodelled = [name for name in ("query_pre_attn_scalar", "attn_logit_softcapping")
+                      if getattr(config, name, None) is not None]
+        if unmodelled:
+            return f"its config sets {unmodelled}, which change the logits"
+        return ""
 
     def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
         base = f"{prefix}layers.{i}.self_attn."
