@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from sklearn_ebound.heads import compress_model, docstring_sentences, plan_ranks
-from sklearn_ebound.heads._shrink import kept_channels, plane_plan, save_shrunk
+from sklearn_ebound.heads._shrink import kept_channels, plane_plan, save_shrunk, zero_dropped
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -203,6 +203,22 @@ def test_keeping_every_channel_is_the_original(kind, tmp_path, word_tokenizer):
     key = "last_hidden_state" if kind == "bert" else "logits"
     np.testing.assert_allclose(getattr(b, key).numpy(), getattr(a, key).numpy(), atol=1e-5,
                                rtol=1e-5)
+
+
+def test_only_a_model_whose_dropped_channels_are_zero_is_written(tmp_path):
+    # writing the kept channels of a model that still uses the others would change it
+    model = _model("llama")
+    channels = kept_channels(model, planes={i: [[0, 2], [1]] for i in range(2)})
+    with pytest.raises(ValueError, match="drops is not zero"):
+        save_shrunk(model, channels, tmp_path / "bad")
+    zeroed = zero_dropped(model, channels)
+    shrunk = save_shrunk(zeroed, channels, tmp_path / "good")
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        np.testing.assert_allclose(shrunk(ids).logits.numpy(), zeroed(ids).logits.numpy(),
+                                   atol=1e-5, rtol=1e-5)
+    assert shrunk.model.layers[0].self_attn.k_proj.weight.shape == (6, 32)  # 3 planes
+    assert shrunk.model.layers[0].self_attn.q_proj.weight.shape == (4 + 4 + 2 + 2, 32)
 
 
 def test_plane_count_follows_the_plan(word_tokenizer):

@@ -304,6 +304,7 @@ def _shrunk_state(model, family, layers, channels):
     torch = require("torch")
     state = dict(model.state_dict())
     by_index = {layer.index: layer for layer in layers}
+    _check_dropped_are_zero(by_index, channels)
     for entry in channels:
         layer = by_index[entry["layer"]]
         q_rows = [family.slots(layer, h, 0)[0].start + np.asarray(c, dtype=int)
@@ -327,6 +328,24 @@ def _shrunk_state(model, family, layers, channels):
                 if key in state:
                     state[key] = state[key].index_select(0, rows).contiguous()
     return state
+
+
+def _check_dropped_are_zero(by_index, channels):
+    """An error unless every query and key channel ``channels`` drops is zero in the model
+    (weights and biases): only then does the model of the kept channels compute the same."""
+    from ._head_forms import augmented_weights
+
+    for entry in channels:
+        layer = by_index[entry["layer"]]
+        w_q, w_k, _ = augmented_weights(layer)
+        for name, maps, heads in (("query", w_q, entry["query"]), ("key", w_k, entry["key"])):
+            for head, kept in enumerate(heads):
+                drop = np.setdiff1d(np.arange(layer.head_dim), np.asarray(kept, dtype=int))
+                if drop.size and np.any(maps[head][:, drop] != 0):
+                    raise ValueError(
+                        f"Layer {layer.index}, {name} head {head}: a channel the shrunk form "
+                        "drops is not zero in the model; give the compressed model these "
+                        "channels came with (compress_model's, or zero_dropped's).")
 
 
 def _load_modeling(path, name):
