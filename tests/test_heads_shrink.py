@@ -239,6 +239,18 @@ def test_plane_count_follows_the_plan(word_tokenizer):
     assert math.isfinite(kept)
 
 
+def test_planes_priced_by_their_share_of_the_logits(word_tokenizer):
+    # planes 1 and 3 of key head 0 add nothing to its group's logits (their key channels are
+    # zero): at two planes per key head, key head 0 keeps planes 0 and 2
+    model = _model("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight[[1, 5, 3, 7]] = 0.0
+    plan = {(i, h): 4 for i in range(2) for h in range(4)}
+    planes = plane_plan(model, plan, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    assert all(planes[i][0] == [0, 2] and len(planes[i][1]) == 2 for i in range(2))
+
+
 def test_compress_model_checks_its_arguments(word_tokenizer):
     model = _model("gpt2")
     tok = word_tokenizer(60)
