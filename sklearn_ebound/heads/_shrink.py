@@ -37,8 +37,8 @@ import numpy as np
 from ._head_forms import layers_of
 from ._inputs import require, token_batches
 
-__all__ = ["check_shrinkable", "kept_channels", "plane_plan", "zero_dropped", "qk_sizes",
-           "save_shrunk"]
+__all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fold_plane_maps",
+           "zero_dropped", "qk_sizes", "save_shrunk"]
 
 # The stock attention class of each family's transformers module, and the factory of
 # ``modeling_shrunk.py`` that wraps it.
@@ -195,6 +195,120 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
         out[layer.index] = [sorted(int(f) for f in prices[(layer.index, g)][1][
             :counts[(layer.index, g)]]) for g in range(layer.n_kv_heads)]
     return out
+
+
+def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8):
+    """The scaled rotation of each kept plane of every query head that best makes up for the
+    planes dropped: ``{(layer index, head): (a, b)}``, each ``(len(planes of its key head),)``.
+
+    A map ``a I + b J`` on a plane (``J`` the quarter turn, :func:`rotate_half`) commutes with
+    every rotation of the plane, so it can be folded into the query map before the rotation:
+    plane ``f`` of query head ``h`` adds ``a_f c_f + b_f s_f`` to the logit of ``(i, j)``,
+    ``c_f = q_f . k_f`` and ``s_f = (J q_f) . k_f`` on the rotated query and key. ``(a, b)``
+    minimise, over the calibration ``texts``, the variance under the original attention
+    ``p_ij`` of each row's logit error, ``E_i Var_{p_i}(l_ij - sum_f a_f c_f + b_f s_f)``
+    (half of it is the attention's KL divergence to second order), a weighted least-squares
+    problem of ``2 |planes|`` unknowns per head; ``a = 1, b = 0`` (keeping the planes as they
+    are) is its solution when no plane is dropped.
+    """
+    torch = require("torch")
+    family, layers, _ = layers_of(model)
+    systems, hooks, state = {}, [], {}
+
+    def hook_for(layer):
+        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
+        scaling = layer.head_dim ** -0.5
+        wq, wk = torch.as_tensor(layer.w_q), torch.as_tensor(layer.w_k)
+        bq = torch.zeros(layer.n_heads, layer.head_dim, dtype=torch.float64) if \
+            layer.b_q is None else torch.as_tensor(layer.b_q)
+        bk = torch.zeros(layer.n_kv_heads, layer.head_dim, dtype=torch.float64) if \
+            layer.b_k is None else torch.as_tensor(layer.b_k)
+
+        def rotate(t, cos, sin):
+            return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
+
+        def hook(module, args, kwargs):
+            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
+            cos, sin = (t.detach().double()[:, None] for t in kwargs["position_embeddings"])
+            valid = state["valid"]
+            n = x.shape[1]
+            q = rotate(torch.einsum("bnd,hde->bhne", x, wq) + bq[None, :, None], cos, sin)
+            k = rotate(torch.einsum("bnd,gde->bgne", x, wk) + bk[None, :, None], cos, sin)
+            allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
+                       & valid[:, None, :] & valid[:, :, None])[:, None]
+            for g, kept in enumerate(planes[layer.index]):
+                if not kept:
+                    continue
+                heads = slice(g * group, (g + 1) * group)
+                kg = k[:, g:g + 1]
+                logits = (q[:, heads] @ kg.transpose(-1, -2)) * scaling
+                p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
+                p = torch.nan_to_num(p) * allowed  # padding rows: no weight
+                f = torch.as_tensor(kept)
+                qa, qb = q[:, heads][..., f], q[:, heads][..., f + half]
+                ka, kb = kg[..., f][:, :, None], kg[..., f + half][:, :, None]
+                qa, qb = qa[..., :, None, :], qb[..., :, None, :]
+                features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * scaling
+                centred = features - (p[..., None] * features).sum(-2, keepdim=True)
+                target = logits - (p * logits).sum(-1, keepdim=True)
+                gram = torch.einsum("bhij,bhijk,bhijl->hkl", p, centred, centred)
+                rhs = torch.einsum("bhij,bhijk,bhij->hk", p, centred, target)
+                for i, h in enumerate(range(g * group, (g + 1) * group)):
+                    old = systems.get((layer.index, h), (0.0, 0.0))
+                    systems[(layer.index, h)] = (old[0] + gram[i].numpy(),
+                                                 old[1] + rhs[i].numpy())
+        return hook
+
+    for layer in layers:
+        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
+            hook_for(layer), with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                state["valid"] = batch["attention_mask"].bool()
+                model(**batch)
+    finally:
+        model.train(was_training)
+        for handle in hooks:
+            handle.remove()
+    maps = {}
+    for (layer_index, head), (gram, rhs) in systems.items():
+        m = len(rhs) // 2
+        start = np.concatenate([np.ones(m), np.zeros(m)])  # the planes as they are
+        ridge = 1e-9 * max(np.trace(gram) / len(rhs), np.finfo(float).tiny)
+        theta = np.linalg.solve(gram + ridge * np.eye(len(rhs)), rhs + ridge * start)
+        maps[(layer_index, head)] = (theta[:m], theta[m:])
+    del family
+    return maps
+
+
+def fold_plane_maps(compressed, planes, maps):
+    """Fold each kept plane's ``a I + b J`` (:func:`plane_maps`) into the query projection of
+    ``compressed`` in place: rows ``f, f + d_h/2`` of head ``h`` become ``a W_f - b W_{f+h}``
+    and ``a W_{f+h} + b W_f`` (and the bias likewise), i.e. ``q -> a q + b rotate_half(q)``
+    on the plane."""
+    torch = require("torch")
+    family, layers, _ = layers_of(compressed)
+    by_index = {layer.index: layer for layer in layers}
+    for (layer_index, head), (a, b) in maps.items():
+        layer = by_index[layer_index]
+        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
+        kept = np.asarray(planes[layer_index][head // group], dtype=int)
+        slot = family.slots(layer, head, 0)[0]
+        module = compressed.get_submodule(slot.module)
+        first, second = slot.start + kept, slot.start + kept + half
+        with torch.no_grad():
+            for param in [module.weight] + ([module.bias] if getattr(module, "bias", None)
+                                            is not None else []):
+                rows = param.double()
+                x, y = rows[first], rows[second]
+                a_t = torch.as_tensor(a).reshape(-1, *([1] * (rows.dim() - 1)))
+                b_t = torch.as_tensor(b).reshape(-1, *([1] * (rows.dim() - 1)))
+                param[first] = (a_t * x - b_t * y).to(param.dtype)
+                param[second] = (a_t * y + b_t * x).to(param.dtype)
+    return compressed
 
 
 def zero_dropped(model, channels):

@@ -32,7 +32,9 @@ from ._refit import refit_heads
 from ._sensitivity import head_sensitivity
 from ._shrink import (
     check_shrinkable,
+    fold_plane_maps,
     kept_channels,
+    plane_maps,
     plane_plan,
     qk_sizes,
     save_shrunk,
@@ -72,7 +74,8 @@ class CompressionReport(ResultTable):
     ``max_kl``; for any other model the cosine ``mean`` and ``min``; ``refit_lines`` when the
     written model was fitted again on every line), ``language_model``, ``methods`` (the
     curves measured), ``budget``, ``eps``, ``allocation`` (as resolved), ``train_steps``,
-    ``refine``, ``refit``, ``form``, ``kept`` (``{"curves": n, "trained pairs": n}``, layers
+    ``refine``, ``refit``, ``form``, ``fit_planes`` (whether the kept planes' scaled rotations
+    were fitted), ``kept`` (``{"curves": n, "trained pairs": n}``, layers
     read back from ``checkpoint``), ``measured_distillation`` and ``written_distillation``
     (the distillation histories, ``None`` without one), ``channels`` (the query and key
     channels each layer keeps, :func:`~._shrink.kept_channels`), ``qk_parameters`` and
@@ -89,7 +92,7 @@ def _choice(value, choices, name):
 
 
 def _check_options(budget, eps, allocation, train_steps, refine, refit, calibration,
-                   max_length, form):
+                   max_length, form, fit_planes):
     if budget is not None and eps is not None:
         raise ValueError("Give one of `budget` and `eps`, not both.")
     if eps is None:
@@ -106,6 +109,8 @@ def _check_options(budget, eps, allocation, train_steps, refine, refit, calibrat
     _choice(refine, REFINES, "refine")
     _choice(refit, REFITS, "refit")
     _choice(form, FORMS, "form")
+    if not isinstance(fit_planes, bool):
+        raise ValueError(f"`fit_planes` must be True or False. Got {fit_planes!r}.")
     if isinstance(calibration, bool) or not isinstance(calibration, Real) or not (
             0 < calibration < 1):
         raise ValueError(f"`calibration` must be a number in (0, 1). Got {calibration!r}.")
@@ -121,8 +126,8 @@ def _stage(progress, label):
 
 def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, allocation="auto",
                    train_steps="auto", refine="auto", refit="auto", form="shrunk",
-                   calibration=0.5, max_length=128, random_state=0, checkpoint=None,
-                   out=None, progress=None, on_layer=None):
+                   fit_planes=True, calibration=0.5, max_length=128, random_state=0,
+                   checkpoint=None, out=None, progress=None, on_layer=None):
     """Compress a model's query-key maps under a budget and measure what it keeps.
 
     The texts are split at random into a calibration half and an evaluation half. The
@@ -171,6 +176,11 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         (:func:`~._shrink.plane_plan`); ``out`` then holds a model of the kept widths.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache).
+    fit_planes : bool, default=True
+        With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
+        the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
+        into the query map) that best makes up, on the calibration half, for the planes
+        dropped (:func:`~._shrink.plane_maps`); ``False`` keeps the planes as they are.
     calibration : float, default=0.5
         Fraction of the texts in the calibration half.
     max_length : int, default=128
@@ -200,7 +210,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     report : CompressionReport
     """
     budget = _check_options(budget, eps, allocation, train_steps, refine, refit, calibration,
-                            max_length, form)
+                            max_length, form, fit_planes)
     model, tokenizer = model_source(model, tokenizer)
     texts = check_texts(texts, "texts")
     if len(texts) < 4:
@@ -276,6 +286,9 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
                             sensitivity=sensitivity, max_length=max_length)
         channels = kept_channels(model, planes=planes)
         compressed = zero_dropped(model, channels)
+        if fit_planes:
+            fold_plane_maps(compressed, planes, plane_maps(
+                model, planes, calibration_texts, tokenizer=tokenizer, max_length=max_length))
     else:
         compressed = refined(compress_heads(model, result, plan, method=method),
                              calibration_texts)
@@ -301,7 +314,8 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         _per_head(result, plan, train_steps), deficiency=result, plan=plan, fidelity=fidelity,
         language_model=language_model, methods=methods, budget=budget, eps=eps,
         allocation=plan.allocation, train_steps=train_steps, refine=refine, refit=refit,
-        form=form, kept=kept, channels=channels, out=None if out is None else str(out),
+        form=form, fit_planes=fit_planes and rotary_shrunk, kept=kept, channels=channels,
+        out=None if out is None else str(out),
         measured_distillation=getattr(compressed, "distillation_", None),
         written_distillation=getattr(written, "distillation_", None), **sizes)
 
