@@ -35,6 +35,13 @@ writes the model measured). All three default to ``auto`` (``resolve_auto``): fo
 encoder (any model but a causal language model) 15 steps, ``distill`` and ``all``, for a
 causal language model no trained step, no refinement and no refit.
 
+The work is :func:`~sklearn_ebound.heads.compress_model`'s. ``--form query`` (the default)
+writes the compressed model in the original's shapes (a plain ``from_pretrained`` loads it;
+a rotary head's rank-r form is a map on its query, so nothing shrinks); ``--form shrunk``
+writes query and key maps of the kept widths (whole rotary planes per key head for a rotary
+model), a directory loaded with ``trust_remote_code=True``, and reports the query-key
+parameters and key cache it saves.
+
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
 arguments, resumes from them (other arguments, model or text start it over). Its progress is

@@ -212,7 +212,7 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
     are) is its solution when no plane is dropped.
     """
     torch = require("torch")
-    family, layers, _ = layers_of(model)
+    _, layers, _ = layers_of(model)
     systems, hooks, state = {}, [], {}
 
     def hook_for(layer):
@@ -280,7 +280,6 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
         ridge = 1e-9 * max(np.trace(gram) / len(rhs), np.finfo(float).tiny)
         theta = np.linalg.solve(gram + ridge * np.eye(len(rhs)), rhs + ridge * start)
         maps[(layer_index, head)] = (theta[:m], theta[m:])
-    del family
     return maps
 
 
