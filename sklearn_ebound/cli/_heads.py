@@ -57,7 +57,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from .._results import ResultTable
+from .._compress_defaults import ENCODER_AUTO, LANGUAGE_MODEL_AUTO
 from ._core import (
     CLIError,
     Progress,
@@ -72,17 +72,6 @@ from ._core import (
 )
 
 __all__ = ["add_heads_parser", "heads_command"]
-
-
-def _workflow_auto():
-    """The library's ``auto`` settings of an encoder and of a causal language model.
-
-    Imported here only (the heads package loads numpy, not torch), so that the parser's
-    help can name them.
-    """
-    from ..heads import ENCODER_AUTO, LANGUAGE_MODEL_AUTO
-
-    return dict(ENCODER_AUTO), dict(LANGUAGE_MODEL_AUTO)
 
 
 def _layer_head(text):
@@ -105,10 +94,6 @@ def _steps(text):
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
-
-
-# What --train-steps, --refine and --refit auto mean, by model kind (the library's).
-ENCODER_AUTO, LANGUAGE_MODEL_AUTO = _workflow_auto()
 
 
 def resolve_auto(args, language_model):
@@ -345,6 +330,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     """
     import numpy as np
 
+    from .._results import ResultTable
     from ..heads import compress_model, is_language_model
 
     if tokenizer is None:
