@@ -15,7 +15,7 @@ back with ``trust_remote_code=True``, and measured against the original:
 * beside it the query-side form of :func:`compress_heads` at the same plan (``form="query"``,
   the original shapes: its key cache is the original's), measured the same way in memory.
 
-    python benchmarks/bench_shrunk_decoder.py MODEL.gguf [--budgets 0.5,0.3]
+    python benchmarks/bench_shrunk_decoder.py MODEL.gguf [--budgets 0.5,0.3] [--no-fit-planes]
 """
 
 import argparse
@@ -47,6 +47,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--checkpoint", default=None,
                         help="folder keeping the curves between runs (default: a temporary one)")
+    parser.add_argument("--no-fit-planes", action="store_true",
+                        help="keep the rotary planes as they are (no fitted scaled rotation)")
     parser.add_argument("--out", default=None, help="JSON of the figures")
     args = parser.parse_args(argv)
 
@@ -70,7 +72,7 @@ def main(argv=None):
     keys0, values0 = _cache_bytes(model, ids)
     p0 = perplexity(model, held, tokenizer, max_length=128, batch_size=1)
     figures = {"model": type(model).__name__, "n_texts": len(texts), "n_held_out": len(held),
-               "context": int(ids.shape[1]), "key_cache_bytes_original": keys0,
+               "context": int(ids.shape[1]), "fit_planes": not args.no_fit_planes, "key_cache_bytes_original": keys0,
                "value_cache_bytes_original": values0, "perplexity_original": p0, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(args.checkpoint or Path(tmp) / "checkpoint")
@@ -78,6 +80,7 @@ def main(argv=None):
             start = time.perf_counter()
             _, report = compress_model(model, texts, tokenizer=tokenizer, budget=budget,
                                        max_length=64, checkpoint=checkpoint,
+                                       fit_planes=not args.no_fit_planes,
                                        out=Path(tmp) / f"shrunk-{budget:g}")
             seconds = time.perf_counter() - start
             shrunk = transformers.AutoModelForCausalLM.from_pretrained(
