@@ -411,3 +411,34 @@ def test_heads_compress_reports_each_layer_and_resumes(tiny_bert_with_tokenizer,
     plan = [json.loads((tmp_path / d / "plan.json").read_text())["rows"]
             for d in ("fresh", "out")]
     assert plan[0] == plan[1]
+
+
+def test_heads_compress_shrunk_form_writes_the_kept_widths(tiny_bert_with_tokenizer, tmp_path,
+                                                           capsys):
+    # --form shrunk writes query and key maps of the planned widths: a directory that
+    # transformers loads with trust_remote_code, every other weight the original's, and the
+    # report says what it saves.
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model_dir, text = tiny_bert_with_tokenizer
+    target = tmp_path / "small"
+    assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
+                 "--budget", "0.5", "--form", "shrunk", "--train-steps", "0", "--refine",
+                 "none", "--refit", "none", "--json", "--out", str(tmp_path / "o")]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["form"] == "shrunk"
+    params, cache = payload["qk_parameters"], payload["key_cache_channels"]
+    assert params["compressed"] < params["original"] and cache["compressed"] < cache["original"]
+    loaded = transformers.AutoModel.from_pretrained(target, trust_remote_code=True)
+    original = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True)
+    ranks = {(row["layer"], row["head"]): row["rank"] for row in payload["plan"]["rows"]}
+    for i, layer in enumerate(loaded.encoder.layer):
+        width = sum(rank for (li, _), rank in ranks.items() if li == i)
+        assert layer.attention.self.query.weight.shape[0] == width
+        assert layer.attention.self.key.weight.shape[0] == width
+    state = loaded.state_dict()
+    for key, value in original.state_dict().items():
+        if ".attention.self.query." not in key and ".attention.self.key." not in key:
+            assert torch.equal(state[key], value), key
+    ids = torch.tensor([[2, 5, 7, 3, 9]])
+    assert loaded(ids).last_hidden_state.shape == original(ids).last_hidden_state.shape

@@ -35,6 +35,13 @@ writes the model measured). All three default to ``auto`` (``resolve_auto``): fo
 encoder (any model but a causal language model) 15 steps, ``distill`` and ``all``, for a
 causal language model no trained step, no refinement and no refit.
 
+The work is :func:`~sklearn_ebound.heads.compress_model`'s. ``--form query`` (the default)
+writes the compressed model in the original's shapes (a plain ``from_pretrained`` loads it;
+a rotary head's rank-r form is a map on its query, so nothing shrinks); ``--form shrunk``
+writes query and key maps of the kept widths (whole rotary planes per key head for a rotary
+model), a directory loaded with ``trust_remote_code=True``, and reports the query-key
+parameters and key cache it saves.
+
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
 arguments, resumes from them (other arguments, model or text start it over). Its progress is
@@ -50,6 +57,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+from .._compress_defaults import ENCODER_AUTO, LANGUAGE_MODEL_AUTO
 from ._core import (
     CLIError,
     Progress,
@@ -86,16 +94,6 @@ def _steps(text):
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
-
-
-# What --train-steps, --refine and --refit auto mean for an encoder (a model that is not a
-# causal language model): on all-MiniLM-L6-v2 at a budget of 40%, calibrated on 200
-# docstring sentences, the trained pairs and the distillation lift the held-out embedding
-# cosine (mean / min) from 0.983 / 0.927 to 0.990 / 0.949 (split A), and the refit on all
-# the lines lifts the minimum on every split, to 0.973-0.978 on 7 of 8 random draws of the
-# text (bench_encoder_cli.py; docs: real_models, "The refit").
-ENCODER_AUTO = {"train_steps": 15, "refine": "distill", "refit": "all"}
-LANGUAGE_MODEL_AUTO = {"train_steps": 0, "refine": "none", "refit": "none"}
 
 
 def resolve_auto(args, language_model):
@@ -160,6 +158,12 @@ def add_heads_parser(commands):
                           default="auto", metavar="RULE",
                           help="greedy, fisher or taylor (next-token loss), uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
+    compress.add_argument("--form", choices=("query", "shrunk"), default="query",
+                          metavar="FORM",
+                          help="query: the original shapes (a rotary head's rank-r map on its "
+                               "query; nothing shrinks), or shrunk: tensors of the kept widths "
+                               "(whole rotary planes per key head), a directory loaded with "
+                               "trust_remote_code=True (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)
@@ -320,10 +324,14 @@ def _check_compress(args, texts):
 
 
 def _compress(args, model, tokenizer, model_dir, texts, out, focus):
-    """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``."""
+    """Deficiency curves, plan, compressed model and its fidelity; ``(report lines, payload)``.
+
+    The work is :func:`~sklearn_ebound.heads.compress_model`'s; this reports it.
+    """
     import numpy as np
 
-    from ..heads import compress_heads, head_deficiency, is_language_model, refit_heads
+    from .._results import ResultTable
+    from ..heads import compress_model, is_language_model
 
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
@@ -332,74 +340,40 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     if args.allocation in ("fisher", "taylor") and not language_model:
         raise CLIError(f"--allocation {args.allocation} prices the heads by a next-token loss: "
                        "it needs a causal language model with its head (use greedy or uniform)")
-    epsilons = (0.01, 0.05, 0.1) if args.eps is None else tuple(sorted({0.01, 0.05, 0.1,
-                                                                        args.eps}))
-    common = dict(tokenizer=tokenizer, calibration=args.calibration, epsilons=epsilons,
-                  max_length=args.max_length, random_state=args.seed)
-    # The curves are the long step; a causal LM's plan never uses the weight-space form (and
-    # it costs such a model several times its perplexity), so only the data-aware one is
-    # measured for it, which halves the run.
-    methods = ("data",) if language_model else ("weight", "data")
-    result = _resumable(head_deficiency, out / "deficiency_layers", "deficiency curves",
-                        model, texts, methods=methods, **common)
-    kept = {"curves": len(result.resumed_layers)}
-    calibration = [texts[i] for i in result.calibration_index]
-    plan = _plan(args, result, model, tokenizer, calibration, language_model)
-    method = "data"
-    if args.train_steps:
-        # Second pass: the planned ranks trained, so that the compressed heads are the
-        # achievable pairs at those ranks.
-        result = _resumable(head_deficiency, out / "trained_layers", "training heads", model,
-                            texts, train_at=plan, train_steps=args.train_steps, **common)
-        kept["trained pairs"] = len(result.resumed_layers)
-        method = "trained"
-    compressed = _refined(args, model, tokenizer, compress_heads(model, result, plan,
-                                                                 method=method),
-                          plan, calibration, language_model)
-    evaluation = [texts[i] for i in result.evaluation_index]
-    fidelity, measured = _fidelity(model, compressed, evaluation, tokenizer, args.max_length)
-    written, refit_line = compressed, []
-    if args.refit == "all":  # the same fit on every line, now that the split has judged it
-        written = _refined(args, model, tokenizer, refit_heads(
-            model, plan, texts, tokenizer=tokenizer, train_steps=args.train_steps,
-            max_length=args.max_length, progress=Progress("refitting heads")),
-            plan, texts, language_model)
-        fidelity["refit_lines"] = len(texts)
-        refit_line = [f"Written model: the plan's heads fitted again on all {len(texts)} lines"
-                      + (f" ({args.train_steps} L-BFGS steps)" if args.train_steps else "")
-                      + _refine_words(args.refine, written) + "; the measure above, of the "
-                      "same fit on the calibration half, estimates its fidelity on new text "
-                      "(--refit none writes the model measured)."]
-    target = Path(args.compress)
-    target.mkdir(parents=True, exist_ok=True)
-    written.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    eps_table = result.eps_ranks()
-    trained_curves = result.curves("trained")
-    planned = {(r["layer"], r["head"]): r for r in plan.rows}
-    per_head = []
-    for row in eps_table.rows:
-        entry = {k: v for k, v in row.items() if not k.startswith("trained_")}
-        rank = planned[(row["layer"], row["head"])]["rank"]
-        entry["plan_rank"] = rank
-        entry["plan_error"] = planned[(row["layer"], row["head"])]["error"]
-        if args.train_steps:
-            li = result.layer_indices.index(row["layer"])
-            trained = trained_curves[li, result.heads.index(row["head"]), rank]
-            entry["plan_error_trained"] = float(min(trained, entry["plan_error"])) if \
-                np.isfinite(trained) else entry["plan_error"]
-        per_head.append(entry)
-    from .._results import ResultTable
-
-    heads_table = ResultTable(per_head, head_dim=result.head_dim)
+    try:
+        written, report = compress_model(
+            model, texts, tokenizer=tokenizer, budget=args.budget, eps=args.eps,
+            allocation=args.allocation, train_steps=args.train_steps, refine=args.refine,
+            refit=args.refit, form=args.form, calibration=args.calibration,
+            max_length=args.max_length, random_state=args.seed, checkpoint=out,
+            out=args.compress, progress=Progress, on_layer=ProgressLines)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nThe finished layers are kept in {out}; the same command "
+                         "resumes from them.\n")
+        raise
+    except ValueError as exc:
+        if "shrunk form" in str(exc) or "No shrunk form" in str(exc):
+            raise CLIError(str(exc).replace("`form='query'`", "--form query")) from None
+        raise
+    result, plan, fidelity = report.deficiency, report.plan, report.fidelity
+    heads_table = ResultTable(report.rows, head_dim=result.head_dim)
     files = (write_table(result, out, "deficiency") + write_table(heads_table, out, "eps_ranks")
              + write_table(plan, out, "plan") + _deficiency_pngs(result, out, focus))
     goal = (f"budget {args.budget:g}" if args.eps is None else f"tolerance eps = {args.eps:g}")
     rule = ("each head at its eps-rank" if args.eps is not None
             else _ALLOCATION_WORDS[plan.allocation])
-    report = [
-        ("Data-aware deficiency curves" if methods == ("data",) else "Deficiency curves")
-        + f" of {len(eps_table.rows)} heads at every rank on "
+    refit_line = []
+    if args.refit == "all":
+        refit_line = [f"Written model: the plan's heads fitted again on all {len(texts)} lines"
+                      + (f" ({args.train_steps} L-BFGS steps)" if args.train_steps else "")
+                      + _refine_words(args.refine, report.written_distillation)
+                      + "; the measure above, of the same fit on the calibration half, "
+                      "estimates its fidelity on new text (--refit none writes the model "
+                      "measured)."]
+    kept = report.kept
+    lines = [
+        ("Data-aware deficiency curves" if report.methods == ("data",) else "Deficiency curves")
+        + f" of {len(heads_table.rows)} heads at every rank on "
         f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
         f"{result.seconds:.1f} s" + (f", trained step {result.train_seconds:.1f} s"
                                      if args.train_steps else "")
@@ -413,45 +387,43 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         f"Plan ({rule}, {goal}"
         + (f", the planned ranks trained ({args.train_steps} L-BFGS steps)"
            if args.train_steps else "")
-        + _refine_words(args.refine, compressed)
+        + _refine_words(args.refine, report.measured_distillation)
         + f"): {plan.budget_used:.1%} of the full query-key rank "
-        f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); {measured}.",
+        f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); "
+        f"{_fidelity_words(fidelity)}.",
         *refit_line,
+        _form_words(report),
     ]
     payload = {"train_steps": args.train_steps, "refine": args.refine, "refit": args.refit,
-               "deficiency_summary": result.summary().to_dict(), "eps_ranks":
-               heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
-               "compressed_model": str(target), "files": [str(p) for p in files]}
-    return report, payload
+               "form": args.form, "deficiency_summary": result.summary().to_dict(),
+               "eps_ranks": heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
+               "qk_parameters": report.qk_parameters,
+               "key_cache_channels": report.key_cache_channels,
+               "compressed_model": str(args.compress), "files": [str(p) for p in files]}
+    del written
+    return lines, payload
 
 
-def _refined(args, model, tokenizer, compressed, plan, texts, language_model):
-    """``compressed`` after ``--refine`` on ``texts`` (as it is for ``none``)."""
-    from ..heads import distill_compressed, refine_compressed
-
-    if args.refine == "sequential":
-        return refine_compressed(model, compressed, plan, texts, tokenizer=tokenizer,
-                                 train_steps=args.train_steps or 15,
-                                 max_length=args.max_length,
-                                 progress=Progress("refining heads"))
-    if args.refine != "distill":
-        return compressed
-    bar = Progress("distilling (epochs)")
-    distilled = distill_compressed(
-        model, compressed, plan, texts, tokenizer=tokenizer,
-        objective="next_token" if language_model else "embedding",
-        max_length=args.max_length, random_state=args.seed, progress=bar)
-    bar(1, 1)  # early stopping may end before the last epoch
-    return distilled
+def _form_words(report):
+    """The report's line on what the written form saves."""
+    params, cache = report.qk_parameters, report.key_cache_channels
+    if report.form == "query":
+        return ("Written in the original shapes (--form query): query-key parameters and the "
+                "key cache unchanged.")
+    how = ("whole rotary planes per key head" if report.deficiency.rotary
+           else "query and key maps of the planned widths")
+    return (f"Written shrunk ({how}; load with trust_remote_code=True): query-key parameters "
+            f"{params['compressed'] / params['original']:.3f}x, key cache "
+            f"{cache['compressed'] / cache['original']:.3f}x the original's.")
 
 
-def _refine_words(refine, compressed):
-    """The plan report's phrase for ``--refine``: what it did to the saved model."""
+def _refine_words(refine, history):
+    """The plan report's phrase for ``--refine``: what it did to the saved model (``history``:
+    the distillation's, ``None`` without one)."""
     if refine == "sequential":
         return ", refined layer by layer"
     if refine != "distill":
         return ""
-    history = compressed.distillation_
     if history["best_epoch"] == 0:
         return (", distillation tried (no epoch improved its validation loss: the pairs are "
                 "kept as they were)")
@@ -471,67 +443,17 @@ _ALLOCATION_WORDS = {
 }
 
 
-def _plan(args, result, model, tokenizer, calibration, language_model):
-    """The plan of ``--budget`` / ``--eps`` by ``--allocation`` on the data-aware curves."""
-    from ..heads import head_sensitivity, plan_ranks
-
-    if args.eps is not None:
-        return plan_ranks(result, eps=args.eps, method="data")
-    allocation = args.allocation
-    if allocation == "auto":
-        allocation = "fisher" if language_model else "greedy"
-    if allocation not in ("fisher", "taylor"):
-        return plan_ranks(result, budget=args.budget, method="data", allocation=allocation)
-    # The Fisher weights from the calibration half only: the evaluation half judges the plan.
-    sensitivity = head_sensitivity(model, calibration, tokenizer=tokenizer,
-                                   max_length=args.max_length)
-    return plan_ranks(result, budget=args.budget, method="data", allocation=allocation,
-                      sensitivity=sensitivity)
-
-
-def _fidelity(model, compressed, texts, tokenizer, max_length):
-    """The end-to-end measure that fits the model, on ``texts``: ``(payload, report phrase)``.
-
-    A causal language model (an LM head on causal attention) is measured by what it predicts:
-    the perplexity, its ratio to the original's and the mean next-token KL divergence to the
-    original; any other model (an encoder, a decoder without its head) by the cosine of its
-    mean-pooled sentence embeddings to the original's.
-    """
-    from ..heads import embedding_fidelity, is_language_model, next_token_kl, perplexity
-
-    if is_language_model(model):
-        original = perplexity(model, texts, tokenizer, max_length=max_length)
-        value = perplexity(compressed, texts, tokenizer, max_length=max_length)
-        kl = next_token_kl(model, compressed, texts, tokenizer, max_length=max_length)
-        fidelity = {"measure": "perplexity and next-token KL", "original": original,
-                    "compressed": value, "ratio": value / original, "mean_kl": kl.mean_kl,
-                    "max_kl": kl.max_kl}
-        return fidelity, (
-            f"measure: next-token prediction (a causal language model) on the evaluation "
-            f"half, perplexity {value:.4g} against the original's {original:.4g} "
-            f"({value / original:.3f}x), mean KL to the original {kl.mean_kl:.4g} nats per "
-            f"token (worst line {kl.max_kl:.4g})")
-    table = embedding_fidelity(model, compressed, texts, tokenizer, max_length=max_length)
-    fidelity = {"measure": "cosine", "mean": table.mean_cosine, "min": table.min_cosine}
-    return fidelity, (
-        f"measure: sentence-embedding cosine to the original (a model without a causal "
-        f"language-model head) on the evaluation half, mean {table.mean_cosine:.4f}, "
-        f"min {table.min_cosine:.4f}")
-
-
-def _resumable(head_deficiency, folder, label, *args, **kwargs):
-    """``head_deficiency`` keeping its finished layers in ``folder``, with progress shown.
-
-    A bar per head on a terminal, a line per layer otherwise (a log file). Interrupted, it
-    says where the finished layers are: the same command resumes from them.
-    """
-    try:
-        return head_deficiency(*args, progress=Progress(label), on_layer=ProgressLines(label),
-                               checkpoint=folder, **kwargs)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"\nThe finished layers are kept in {folder}; the same command "
-                         "resumes from them.\n")
-        raise
+def _fidelity_words(fidelity):
+    """The report's phrase for the end-to-end measure of :func:`compress_model`."""
+    if "mean_kl" in fidelity:
+        value, original = fidelity["compressed"], fidelity["original"]
+        return (f"measure: next-token prediction (a causal language model) on the evaluation "
+                f"half, perplexity {value:.4g} against the original's {original:.4g} "
+                f"({value / original:.3f}x), mean KL to the original {fidelity['mean_kl']:.4g} "
+                f"nats per token (worst line {fidelity['max_kl']:.4g})")
+    return (f"measure: sentence-embedding cosine to the original (a model without a causal "
+            f"language-model head) on the evaluation half, mean {fidelity['mean']:.4f}, "
+            f"min {fidelity['min']:.4f}")
 
 
 def _deficiency_pngs(result, out, focus):

@@ -9,6 +9,8 @@ blocks hold parameters no family models is refused by name.
 (weight-space, data-aware and trained rank-``r`` forms, at every rank);
 :func:`head_sensitivity` prices each head's output error in a causal language model's loss
 (its Fisher weight, and the loss's first-order change along each head's truncation);
+:func:`compress_model` does the whole job in one call (curves, plan, compressed model, its
+measure, a directory of the kept widths);
 :func:`head_predictors` and :func:`predictor_agreement` set the rank predictors against those
 needs; :func:`plan_ranks` and :func:`compress_heads` turn the
 curves into a compressed model (:func:`refit_heads` fits the planned heads again on all the
@@ -50,6 +52,7 @@ from ._text import (
     manual_sentences,
 )
 from ._weights import NAMINGS
+from ._workflow import ENCODER_AUTO, LANGUAGE_MODEL_AUTO, CompressionReport, compress_model
 
 __all__ = [
     "HeadRankResult",
@@ -62,6 +65,10 @@ __all__ = [
     "HeadSensitivityResult",
     "head_sensitivity",
     "plan_ranks",
+    "compress_model",
+    "CompressionReport",
+    "ENCODER_AUTO",
+    "LANGUAGE_MODEL_AUTO",
     "compress_heads",
     "refine_compressed",
     "refit_heads",

@@ -1,0 +1,512 @@
+"""Forms whose written tensors are smaller, and the model directory that holds them.
+
+A rank-``r`` form saves memory only where the tensors it writes are smaller
+(science.md, 10.1). A head without rotary embeddings (BERT, GPT-2) keeps query and key maps
+of width ``r``: the first ``r`` columns of its rank-``r`` factors
+(:meth:`HeadDeficiencyResult.factors`; the other columns are zero). A rotary head
+(LLaMA, Qwen2, SmolLM2) cannot take a change of basis between its queries and keys, since the
+rotation sits between them; what commutes with every rotation acts within its planes
+(channels ``f`` and ``f + d_h / 2``). So a rotary layer keeps whole planes per *key* head,
+shared by the query heads of its group under grouped-query attention, and the queries keep the
+same planes (:func:`plane_plan`). The key cache then holds ``2 p`` of ``d_h`` channels of a
+key head with ``p`` planes kept.
+
+Which planes: a plane's price is its share of the logits of the group's heads on
+calibration text, ``E|q_hf|^2 E|k_gf|^2`` (the mean squared logit the plane adds over the
+offsets, up to a factor 1/2, for queries and keys drawn independently), over the head's sum
+of it on all its planes, summed over the query heads ``h`` of key head ``g``, each weighted by
+its Fisher weight when the plan was priced by one. How many: key head ``g`` gets
+``p_g = ceil(mean_{h in g} r_h / 2)`` planes for the plan's ranks ``r_h`` of its query heads;
+then, while the kept rank ``sum_g 2 p_g group`` exceeds the plan's total, the key head whose
+last kept plane is the cheapest gives it up: the plan's budget is kept.
+
+:func:`save_shrunk` writes the compressed model as a Hugging Face directory whose attention
+holds only the kept channels (``modeling_shrunk.py``, ``auto_map``, loaded with
+``trust_remote_code=True``); every other weight is the original's, bit for bit, in its dtype.
+"""
+
+import copy
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ._head_forms import layers_of
+from ._inputs import require, token_batches
+
+__all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fold_plane_maps",
+           "zero_dropped", "qk_sizes", "save_shrunk"]
+
+# The stock attention class of each family's transformers module, and the factory of
+# ``modeling_shrunk.py`` that wraps it.
+_ATTENTION = {"gpt2": ("gpt2", "GPT2Attention", "gpt2_attention"),
+              "bert": (None, "BertSelfAttention", "bert_attention"),
+              "llama": (None, None, "rotary_attention")}
+
+
+def check_shrinkable(model):
+    """Whether ``model``'s heads are rotary (their shrunk form keeps planes); an error for a
+    family without one."""
+    family, _, _ = layers_of(model)
+    if family.name not in _ATTENTION:
+        raise ValueError(f"No shrunk form for {family.name}-style attention; use "
+                         "form='query'.")
+    return family.rotary
+
+
+def kept_channels(model, *, plan=None, planes=None):
+    """The query and key channels each layer keeps, ``[{"layer", "query", "key"}, ...]``.
+
+    ``plan`` (``{(layer, head): rank}`` or a :func:`plan_ranks` table): a head without
+    rotary embeddings keeps its first ``r`` channels of query and key (the rank-``r``
+    factors); ``planes`` (``{layer: [[plane, ...] per key head]}``): a rotary key head keeps
+    channels ``f`` and ``f + d_h / 2`` of its planes, and so do its query heads. A head the
+    plan does not name keeps every channel.
+    """
+    _, layers, _ = layers_of(model)
+    ranks = None
+    if plan is not None:
+        ranks = ({(row["layer"], row["head"]): int(row["rank"]) for row in plan.rows}
+                 if hasattr(plan, "rows") else {k: int(v) for k, v in dict(plan).items()})
+    out = []
+    for layer in layers:
+        d_h, half = layer.head_dim, layer.head_dim // 2
+        if planes is not None:
+            key = [sorted(int(f) for f in p) + sorted(int(f) + half for f in p)
+                   for p in planes[layer.index]]
+            query = [key[g] for g in layer.kv_index]
+        else:
+            if layer.n_kv_heads != layer.n_heads:
+                raise ValueError("Grouped keys need the rotary (planes) form.")
+            widths = [d_h if ranks is None else ranks.get((layer.index, h), d_h)
+                      for h in range(layer.n_heads)]
+            query = [list(range(w)) for w in widths]
+            key = [list(range(w)) for w in widths]
+        out.append({"layer": layer.index, "query": query, "key": key})
+    return out
+
+
+def _projection_energies(model, family, layers, texts, tokenizer, max_length, batch_size=8):
+    """Per layer, the mean over real tokens of every query and key channel's square.
+
+    ``{layer index: (E q^2 (n_heads, d_h), E k^2 (n_kv_heads, d_h))}`` of the projections'
+    outputs (biases included, before the rotation, which leaves each plane's norm alone).
+    """
+    torch = require("torch")
+    sums, hooks, mask = {}, [], {}
+    modules = {}
+    for layer in layers:
+        q_slot, k_slot = family.slots(layer, 0, 0)
+        modules[layer.index] = (q_slot, k_slot, layer)
+    d_model = layers[0].w_q.shape[1]
+
+    def hook(key, part, start, width):
+        def record(module, inputs, output):
+            y = output[..., start:start + width].double()
+            valid = mask["valid"][..., None].to(y.dtype)
+            sums.setdefault(key + (part,), 0.0)
+            sums[key + (part,)] = sums[key + (part,)] + ((y ** 2) * valid).sum((0, 1))
+        return record
+
+    for index, (q_slot, k_slot, layer) in modules.items():
+        d_h = layer.head_dim
+        q_module, k_module = model.get_submodule(q_slot.module), model.get_submodule(
+            k_slot.module)
+        # GPT-2's fused c_attn holds queries at 0, keys at d: one module, two slices
+        q_start = q_slot.start if q_slot.linear else 0
+        k_start = k_slot.start if k_slot.linear else d_model
+        hooks.append(q_module.register_forward_hook(hook((index,), "q", q_start,
+                                                         layer.n_heads * d_h)))
+        hooks.append(k_module.register_forward_hook(hook((index,), "k", k_start,
+                                                         layer.n_kv_heads * d_h)))
+    n_tokens = 0
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                valid = batch["attention_mask"].bool()
+                mask["valid"] = valid
+                n_tokens += int(valid.sum())
+                model(**batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for index, (_, _, layer) in modules.items():
+        d_h = layer.head_dim
+        out[index] = ((sums[(index, "q")] / n_tokens).numpy().reshape(layer.n_heads, d_h),
+                      (sums[(index, "k")] / n_tokens).numpy().reshape(layer.n_kv_heads, d_h))
+    return out
+
+
+def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=128):
+    """The rotary planes each key head keeps: ``{layer index: [[plane, ...] per key head]}``.
+
+    ``plan``: a :func:`plan_ranks` table (or ``{(layer, head): rank}``) of the query heads'
+    ranks; the planes are priced on ``texts`` (calibration text) as the module docstring
+    says, each query head weighted by its Fisher weight from ``sensitivity`` when given.
+    """
+    family, layers, _ = layers_of(model)
+    if not family.rotary:
+        raise ValueError("Planes are the shrunk form of rotary heads; this model has none.")
+    ranks = ({(row["layer"], row["head"]): int(row["rank"]) for row in plan.rows}
+             if hasattr(plan, "rows") else {k: int(v) for k, v in dict(plan).items()})
+    weights = {}
+    if sensitivity is not None:
+        weights = {(int(r["layer"]), int(r["head"])): float(r["weight"])
+                   for r in sensitivity.rows}
+    energies = _projection_energies(model, family, layers, texts, tokenizer, max_length)
+    prices, counts, groups = {}, {}, {}
+    total = 0
+    for layer in layers:
+        d_h, half = layer.head_dim, layer.head_dim // 2
+        eq, ek = energies[layer.index]
+        plane_q = eq[:, :half] + eq[:, half:]  # (n_heads, half): E|q_hf|^2
+        plane_k = ek[:, :half] + ek[:, half:]
+        group = layer.n_heads // layer.n_kv_heads
+        for g in range(layer.n_kv_heads):
+            heads = range(g * group, (g + 1) * group)
+            price = np.zeros(half)
+            for h in heads:
+                logit = plane_q[h] * plane_k[g]
+                share = logit / max(logit.sum(), np.finfo(float).tiny)
+                price += weights.get((layer.index, h), 1.0) * share
+            order = np.argsort(-price, kind="stable")
+            mean_rank = np.mean([ranks.get((layer.index, h), d_h) for h in heads])
+            total += sum(ranks.get((layer.index, h), d_h) for h in heads)
+            prices[(layer.index, g)] = (price, order)
+            counts[(layer.index, g)] = min(half, math.ceil(mean_rank / 2))
+            groups[(layer.index, g)] = group
+
+    def kept_rank():
+        return sum(2 * p * groups[key] for key, p in counts.items())
+
+    while kept_rank() > total:
+        # the key head whose last kept plane adds least to its group's logits gives it up
+        # (the price of a plane kept for a group of g heads counts g times)
+        candidates = [(prices[key][0][prices[key][1][p - 1]] / groups[key], key)
+                      for key, p in counts.items() if p > 0]
+        _, cheapest = min(candidates)
+        counts[cheapest] -= 1
+    out = {}
+    for layer in layers:
+        out[layer.index] = [sorted(int(f) for f in prices[(layer.index, g)][1][
+            :counts[(layer.index, g)]]) for g in range(layer.n_kv_heads)]
+    return out
+
+
+def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8):
+    """The scaled rotation of each kept plane of every query head that best makes up for the
+    planes dropped: ``{(layer index, head): (a, b)}``, each ``(len(planes of its key head),)``.
+
+    A map ``a I + b J`` on a plane (``J`` the quarter turn, :func:`rotate_half`) commutes with
+    every rotation of the plane, so it can be folded into the query map before the rotation:
+    plane ``f`` of query head ``h`` adds ``a_f c_f + b_f s_f`` to the logit of ``(i, j)``,
+    ``c_f = q_f . k_f`` and ``s_f = (J q_f) . k_f`` on the rotated query and key. ``(a, b)``
+    minimise, over the calibration ``texts``, the variance under the original attention
+    ``p_ij`` of each row's logit error, ``E_i Var_{p_i}(l_ij - sum_f a_f c_f + b_f s_f)``
+    (half of it is the attention's KL divergence to second order), a weighted least-squares
+    problem of ``2 |planes|`` unknowns per head; ``a = 1, b = 0`` (keeping the planes as they
+    are) is its solution when no plane is dropped.
+    """
+    torch = require("torch")
+    _, layers, _ = layers_of(model)
+    systems, hooks, state = {}, [], {}
+
+    def hook_for(layer):
+        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
+        scaling = layer.head_dim ** -0.5
+        wq, wk = torch.as_tensor(layer.w_q), torch.as_tensor(layer.w_k)
+        bq = torch.zeros(layer.n_heads, layer.head_dim, dtype=torch.float64) if \
+            layer.b_q is None else torch.as_tensor(layer.b_q)
+        bk = torch.zeros(layer.n_kv_heads, layer.head_dim, dtype=torch.float64) if \
+            layer.b_k is None else torch.as_tensor(layer.b_k)
+
+        def rotate(t, cos, sin):
+            return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
+
+        def hook(module, args, kwargs):
+            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
+            cos, sin = (t.detach().double()[:, None] for t in kwargs["position_embeddings"])
+            valid = state["valid"]
+            n = x.shape[1]
+            q = rotate(torch.einsum("bnd,hde->bhne", x, wq) + bq[None, :, None], cos, sin)
+            k = rotate(torch.einsum("bnd,gde->bgne", x, wk) + bk[None, :, None], cos, sin)
+            allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
+                       & valid[:, None, :] & valid[:, :, None])[:, None]
+            for g, kept in enumerate(planes[layer.index]):
+                if not kept:
+                    continue
+                heads = slice(g * group, (g + 1) * group)
+                kg = k[:, g:g + 1]
+                logits = (q[:, heads] @ kg.transpose(-1, -2)) * scaling
+                p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
+                p = torch.nan_to_num(p) * allowed  # padding rows: no weight
+                f = torch.as_tensor(kept)
+                qa, qb = q[:, heads][..., f], q[:, heads][..., f + half]
+                ka, kb = kg[..., f][:, :, None], kg[..., f + half][:, :, None]
+                qa, qb = qa[..., :, None, :], qb[..., :, None, :]
+                features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * scaling
+                centred = features - (p[..., None] * features).sum(-2, keepdim=True)
+                target = logits - (p * logits).sum(-1, keepdim=True)
+                gram = torch.einsum("bhij,bhijk,bhijl->hkl", p, centred, centred)
+                rhs = torch.einsum("bhij,bhijk,bhij->hk", p, centred, target)
+                for i, h in enumerate(range(g * group, (g + 1) * group)):
+                    old = systems.get((layer.index, h), (0.0, 0.0))
+                    systems[(layer.index, h)] = (old[0] + gram[i].numpy(),
+                                                 old[1] + rhs[i].numpy())
+        return hook
+
+    for layer in layers:
+        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
+            hook_for(layer), with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                state["valid"] = batch["attention_mask"].bool()
+                model(**batch)
+    finally:
+        model.train(was_training)
+        for handle in hooks:
+            handle.remove()
+    maps = {}
+    for (layer_index, head), (gram, rhs) in systems.items():
+        m = len(rhs) // 2
+        start = np.concatenate([np.ones(m), np.zeros(m)])  # the planes as they are
+        ridge = 1e-9 * max(np.trace(gram) / len(rhs), np.finfo(float).tiny)
+        theta = np.linalg.solve(gram + ridge * np.eye(len(rhs)), rhs + ridge * start)
+        maps[(layer_index, head)] = (theta[:m], theta[m:])
+    return maps
+
+
+def fold_plane_maps(compressed, planes, maps):
+    """Fold each kept plane's ``a I + b J`` (:func:`plane_maps`) into the query projection of
+    ``compressed`` in place: rows ``f, f + d_h/2`` of head ``h`` become ``a W_f - b W_{f+h}``
+    and ``a W_{f+h} + b W_f`` (and the bias likewise), i.e. ``q -> a q + b rotate_half(q)``
+    on the plane."""
+    torch = require("torch")
+    family, layers, _ = layers_of(compressed)
+    by_index = {layer.index: layer for layer in layers}
+    for (layer_index, head), (a, b) in maps.items():
+        layer = by_index[layer_index]
+        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
+        kept = np.asarray(planes[layer_index][head // group], dtype=int)
+        slot = family.slots(layer, head, 0)[0]
+        module = compressed.get_submodule(slot.module)
+        first, second = slot.start + kept, slot.start + kept + half
+        with torch.no_grad():
+            for param in [module.weight] + ([module.bias] if getattr(module, "bias", None)
+                                            is not None else []):
+                rows = param.double()
+                x, y = rows[first], rows[second]
+                a_t = torch.as_tensor(a).reshape(-1, *([1] * (rows.dim() - 1)))
+                b_t = torch.as_tensor(b).reshape(-1, *([1] * (rows.dim() - 1)))
+                param[first] = (a_t * x - b_t * y).to(param.dtype)
+                param[second] = (a_t * y + b_t * x).to(param.dtype)
+    return compressed
+
+
+def zero_dropped(model, channels):
+    """A copy of ``model`` whose dropped query and key channels (weights and biases) are zero.
+
+    The copy computes what the shrunk model computes: a dropped channel adds nothing to any
+    logit. Every other weight is the original's.
+    """
+    torch = require("torch")
+    family, layers, _ = layers_of(model)
+    by_index = {layer.index: layer for layer in layers}
+    compressed = copy.deepcopy(model)
+    for entry in channels:
+        layer = by_index[entry["layer"]]
+        d_h = layer.head_dim
+        for part, heads in (("query", entry["query"]), ("key", entry["key"])):
+            for head, kept in enumerate(heads):
+                drop = np.setdiff1d(np.arange(d_h), np.asarray(kept, dtype=int))
+                if not drop.size:
+                    continue
+                q_slot, k_slot = family.slots(layer, head if part == "query" else 0,
+                                              head if part == "key" else 0)
+                slot = q_slot if part == "query" else k_slot
+                module = compressed.get_submodule(slot.module)
+                rows = torch.as_tensor(slot.start + drop)
+                with torch.no_grad():
+                    if slot.linear:
+                        module.weight[rows] = 0
+                    else:
+                        module.weight[:, rows] = 0
+                    if getattr(module, "bias", None) is not None:
+                        module.bias[rows] = 0
+    return compressed
+
+
+def qk_sizes(model, channels=None):
+    """``qk_parameters`` and ``key_cache_channels``, each ``{"original", "compressed"}``.
+
+    Query and key weights and biases of the attention layers, and the key channels cached per
+    token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
+    them).
+    """
+    _, layers, _ = layers_of(model)
+    d_model = layers[0].w_q.shape[1]
+    bias = {"q": layers[0].b_q is not None, "k": layers[0].b_k is not None}
+    original = sum((d_model + bias["q"]) * layer.n_heads * layer.head_dim
+                   + (d_model + bias["k"]) * layer.n_kv_heads * layer.head_dim
+                   for layer in layers)
+    cache = sum(layer.n_kv_heads * layer.head_dim for layer in layers)
+    if channels is None:
+        return {"qk_parameters": {"original": original, "compressed": original},
+                "key_cache_channels": {"original": cache, "compressed": cache}}
+    width_q = sum(len(c) for entry in channels for c in entry["query"])
+    width_k = sum(len(c) for entry in channels for c in entry["key"])
+    return {"qk_parameters": {"original": original, "compressed":
+                              (d_model + bias["q"]) * width_q + (d_model + bias["k"]) * width_k},
+            "key_cache_channels": {"original": cache, "compressed": width_k}}
+
+
+# --- the written directory ------------------------------------------------------------------
+
+
+MODELING_FILE = "modeling_shrunk.py"
+
+
+def _modeling_source(model, family):
+    """The text of ``modeling_shrunk.py`` for ``model``'s class: the template, then the
+    lines that wrap the model's stock class and its family's stock attention."""
+    stock = type(model)
+    module = stock.__module__
+    if not module.startswith("transformers.models."):
+        raise ValueError(f"Writing the shrunk form needs a stock transformers model class. "
+                         f"Got {stock.__module__}.{stock.__name__}.")
+    _, attention, factory = _ATTENTION[family.name]
+    if attention is None:  # a LLaMA-style family: the attention class of the model's module
+        attention = next((name for name in dir(sys.modules[module])
+                          if name.endswith("Attention") and name[:-len("Attention")]
+                          and stock.__name__.startswith(name[:-len("Attention")])), None)
+        if attention is None:
+            raise ValueError(f"No attention class found beside {stock.__name__} in {module}.")
+    template = (Path(__file__).with_name("_shrunk_modeling.py")).read_text(encoding="utf-8")
+    name = "Kept" + stock.__name__
+    return name, template + (
+        f"\n\n# The model this directory holds: {stock.__name__} with kept query-key channels.\n"
+        f"from {module} import {attention}, {stock.__name__}  # noqa: E402\n\n"
+        f"{name} = kept_model({stock.__name__}, {attention}, {factory})\n")
+
+
+def _auto_class(model):
+    """The name of the transformers auto class that maps the model's config to its class."""
+    transformers = require("transformers")
+    for auto in ("AutoModelForCausalLM", "AutoModel", "AutoModelForMaskedLM",
+                 "AutoModelForSequenceClassification", "AutoModelForTokenClassification"):
+        mapping = getattr(transformers, auto)._model_mapping
+        try:
+            if mapping[type(model.config)] is type(model):
+                return auto
+        except KeyError:
+            continue
+    raise ValueError(f"No transformers auto class maps to {type(model).__name__}.")
+
+
+def _shrunk_state(model, family, layers, channels):
+    """The compressed model's state dict with each query and key projection cut to its kept
+    channels (rows of an ``nn.Linear``; for GPT-2's fused ``Conv1D``, ``[kept queries |
+    kept keys | values]`` columns). Every other tensor is the model's own."""
+    torch = require("torch")
+    state = dict(model.state_dict())
+    by_index = {layer.index: layer for layer in layers}
+    _check_dropped_are_zero(by_index, channels)
+    for entry in channels:
+        layer = by_index[entry["layer"]]
+        q_rows = [family.slots(layer, h, 0)[0].start + np.asarray(c, dtype=int)
+                  for h, c in enumerate(entry["query"])]
+        k_rows = [family.slots(layer, 0, g)[1].start + np.asarray(c, dtype=int)
+                  for g, c in enumerate(entry["key"])]
+        q_rows = torch.as_tensor(np.concatenate(q_rows + [np.zeros(0, int)]), dtype=torch.long)
+        k_rows = torch.as_tensor(np.concatenate(k_rows + [np.zeros(0, int)]), dtype=torch.long)
+        q_slot, k_slot = family.slots(layer, 0, 0)
+        if not q_slot.linear:  # GPT-2: one Conv1D, (d, 3 d), columns [q | k | v]
+            d = layer.w_q.shape[1]
+            columns = torch.cat([q_rows, k_rows, torch.arange(2 * d, 3 * d)])
+            for suffix, dim in ((".weight", 1), (".bias", 0)):
+                key = q_slot.module + suffix
+                if key in state:
+                    state[key] = state[key].index_select(dim, columns).contiguous()
+            continue
+        for slot, rows in ((q_slot, q_rows), (k_slot, k_rows)):
+            for suffix in (".weight", ".bias"):
+                key = slot.module + suffix
+                if key in state:
+                    state[key] = state[key].index_select(0, rows).contiguous()
+    return state
+
+
+def _check_dropped_are_zero(by_index, channels):
+    """An error unless every query and key channel ``channels`` drops is zero in the model
+    (weights and biases): only then does the model of the kept channels compute the same."""
+    from ._head_forms import augmented_weights
+
+    for entry in channels:
+        layer = by_index[entry["layer"]]
+        w_q, w_k, _ = augmented_weights(layer)
+        for name, maps, heads in (("query", w_q, entry["query"]), ("key", w_k, entry["key"])):
+            for head, kept in enumerate(heads):
+                drop = np.setdiff1d(np.arange(layer.head_dim), np.asarray(kept, dtype=int))
+                if drop.size and np.any(maps[head][:, drop] != 0):
+                    raise ValueError(
+                        f"Layer {layer.index}, {name} head {head}: a channel the shrunk form "
+                        "drops is not zero in the model; give the compressed model these "
+                        "channels came with (compress_model's, or zero_dropped's).")
+
+
+def _load_modeling(path, name):
+    spec = importlib.util.spec_from_file_location(f"_ebound_shrunk_{id(path)}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def save_shrunk(model, channels, directory, *, tokenizer=None):
+    """Write ``model`` with only its kept query and key channels to ``directory``.
+
+    ``model`` is the compressed model in the original's shapes (its dropped channels zero or
+    not: only the kept ones are written); ``channels`` as :func:`kept_channels` gives them.
+    The directory holds ``config.json`` (the original's, with ``qk_channels`` and
+    ``auto_map``), ``modeling_shrunk.py`` and the weights in the model's dtype; load it with
+    ``AutoModel...from_pretrained(directory, trust_remote_code=True)``.
+
+    Returns
+    -------
+    shrunk : transformers model
+        The written model, in memory.
+    """
+    family, layers, _ = layers_of(model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name, source = _modeling_source(model, family)
+    auto = _auto_class(model)
+    (directory / MODELING_FILE).write_text(source, encoding="utf-8")
+    config = copy.deepcopy(model.config)
+    config.qk_channels = {"query": [e["query"] for e in channels],
+                          "key": [e["key"] for e in channels]}
+    config.auto_map = {auto: f"{MODELING_FILE[:-3]}.{name}"}
+    dtype = next(model.parameters()).dtype
+    cls = _load_modeling(directory / MODELING_FILE, name)
+    state = _shrunk_state(model, family, layers, channels)
+    shrunk = cls(config).to(dtype)
+    missing, unexpected = shrunk.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k in dict(shrunk.named_parameters())]:
+        raise RuntimeError(f"The shrunk model does not take the compressed weights: missing "
+                           f"{missing}, unexpected {unexpected}.")
+    shrunk.eval()
+    shrunk.config.dtype = dtype
+    shrunk.save_pretrained(directory)
+    # save_pretrained names the dynamic class; the directory's loader is auto_map's
+    written = json.loads((directory / "config.json").read_text())
+    written["auto_map"] = config.auto_map
+    (directory / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(directory)
+    return shrunk

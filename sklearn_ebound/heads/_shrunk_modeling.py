@@ -1,0 +1,252 @@
+"""Attention with query and key projections of kept widths, on a stock Hugging Face model.
+
+Written by sklearn-ebound beside a compressed model's weights (``modeling_shrunk.py``, named
+by ``auto_map`` in its ``config.json``; load it with ``trust_remote_code=True``). It needs
+torch and transformers only. The model is the stock class of its family; each attention
+block is the stock one with its query and key projections cut to the channels the
+compression kept, ``config.qk_channels``:
+
+    {"query": [layer][query head] -> channels of the head kept, in 0 .. d_h - 1,
+     "key":   [layer][key head]   -> likewise}
+
+A query head keeps as many channels as its key head. Head ``h``'s logit is
+``q_h[kept] . k_g[kept] * scaling``, with ``g`` its key head and the original scaling
+(``1 / sqrt(d_h)``): the compressed model's logits exactly, since the dropped channels were
+zero. The kept channels of every head sit side by side in the projections' outputs, and the
+key cache holds them as one ``(batch, 1, tokens, kept key channels)`` tensor per layer (the
+values keep their stock shape). A rotary model keeps whole rotary planes (channels ``f`` and
+``f + d_h / 2`` together), so its kept channels are rotated by their own rows of the rotary
+tables, before they are cached, as the stock model does.
+"""
+
+import torch
+from torch import nn
+
+
+class KeptChannels(nn.Module):
+    """Index tables of one attention layer's kept query and key channels.
+
+    ``q_width[h]``/``k_width[g]``: the channels head ``h`` / key head ``g`` keeps; the
+    query heads of key head ``g`` are ``g * group ... (g + 1) * group - 1``, contiguous in
+    the query projection's output, each of ``k_width[g]`` channels. For rotation:
+    ``*_column`` is each kept entry's channel in ``0 .. d_h - 1`` (its column of the rotary
+    tables), ``*_partner`` the position of the other channel of its plane and ``*_sign`` the
+    sign of ``rotate_half`` (``-1`` for the plane's first channel, ``+1`` for its second).
+    """
+
+    def __init__(self, query, key, head_dim, rotary):
+        super().__init__()
+        if len(query) % len(key):
+            raise ValueError(f"{len(query)} query heads do not group over {len(key)} key heads.")
+        self.group = len(query) // len(key)
+        for h, channels in enumerate(query):
+            if len(channels) != len(key[h // self.group]):
+                raise ValueError(f"Query head {h} keeps {len(channels)} channels, its key head "
+                                 f"{len(key[h // self.group])}.")
+        self.k_width = [len(c) for c in key]
+        self.q_size = sum(len(c) for c in query)
+        self.k_size = sum(self.k_width)
+        self.rotary = rotary
+        # Plain lists, made tensors on first use on each device (buffers would be left
+        # uninitialised by a loader that builds the model on the meta device).
+        self._lists = ({name: self._rotation(heads, head_dim)
+                        for name, heads in (("q", query), ("k", key))} if rotary else {})
+        self._tables = {}
+
+    @staticmethod
+    def _rotation(heads, head_dim):
+        half = head_dim // 2
+        column, partner, sign, start = [], [], [], 0
+        for channels in heads:
+            where = {c: start + i for i, c in enumerate(channels)}
+            for c in channels:
+                other = c + half if c < half else c - half
+                if other not in where:
+                    raise ValueError(f"Channel {c} is kept without {other}, the other channel "
+                                     "of its rotary plane.")
+                column.append(c)
+                partner.append(where[other])
+                sign.append(-1.0 if c < half else 1.0)
+            start += len(channels)
+        return column, partner, sign
+
+    def rotate(self, x, cos, sin, name):
+        """``x cos + rotate_half(x) sin`` on kept channels ``x`` (``(b, n, width)``)."""
+        key = (name, x.device, x.dtype)
+        if key not in self._tables:
+            column, partner, sign = self._lists[name]
+            self._tables[key] = (torch.tensor(column, dtype=torch.long, device=x.device),
+                                 torch.tensor(partner, dtype=torch.long, device=x.device),
+                                 torch.tensor(sign, dtype=x.dtype, device=x.device))
+        column, partner, sign = self._tables[key]
+        return x * cos[..., column] + x[..., partner] * sign * sin[..., column]
+
+    def attention(self, query, key, value, attention_mask, scaling, dropout, training):
+        """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head.
+
+        ``query`` ``(b, n, q_size)``, ``key`` ``(b, 1, m, k_size)`` (as cached), ``value``
+        ``(b, n_kv, m, d_h)``. Returns ``(b, n, n_heads * d_h)`` and the weights.
+        """
+        b, n, _ = query.shape
+        keys = key[:, 0]
+        m = keys.shape[1]
+        logits, q_start, k_start = [], 0, 0
+        for width in self.k_width:
+            q_group = query[..., q_start:q_start + self.group * width]
+            q_group = q_group.reshape(b, n, self.group, width).transpose(1, 2)
+            k_head = keys[..., k_start:k_start + width]
+            logits.append(torch.matmul(q_group, k_head.transpose(-1, -2)[:, None]))
+            q_start += self.group * width
+            k_start += width
+        weights = torch.cat(logits, dim=1) * scaling
+        if attention_mask is not None:
+            if attention_mask.dtype == torch.bool:
+                weights = weights.masked_fill(~attention_mask[..., :m],
+                                              torch.finfo(weights.dtype).min)
+            else:
+                weights = weights + attention_mask[..., :m]
+        weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(value.dtype)
+        weights = nn.functional.dropout(weights, p=dropout, training=training)
+        values = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
+        out = torch.matmul(weights, values).transpose(1, 2)
+        return out.reshape(b, n, -1).contiguous(), weights
+
+
+def _kept(config, layer_idx):
+    channels = config.qk_channels
+    return channels["query"][layer_idx], channels["key"][layer_idx]
+
+
+def _cached(cache, key, value, layer_idx, kwargs):
+    """The layer's key (``(b, 1, m, width)``) and values after ``cache.update``."""
+    if cache is None:
+        return key, value
+    if hasattr(cache, "self_attention_cache"):  # an encoder-decoder cache
+        cache = cache.self_attention_cache
+    return cache.update(key, value, layer_idx, kwargs=kwargs)
+
+
+def _linear_like(old, out_features):
+    return nn.Linear(old.in_features, out_features, bias=old.bias is not None,
+                     dtype=old.weight.dtype, device=old.weight.device)
+
+
+def rotary_attention(stock):
+    """A LLaMA-style attention class (``q_proj``/``k_proj``/``v_proj``/``o_proj``, rotary
+    embeddings, grouped keys) with kept query and key channels."""
+
+    class KeptRotaryAttention(stock):
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            query, key = _kept(config, layer_idx)
+            self.kept = KeptChannels(query, key, self.head_dim, rotary=True)
+            self.q_proj = _linear_like(self.q_proj, self.kept.q_size)
+            self.k_proj = _linear_like(self.k_proj, self.kept.k_size)
+
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
+                    cache=None, past_key_values=None, **kwargs):
+            cache = past_key_values if cache is None else cache
+            b, n = hidden_states.shape[:-1]
+            value = self.v_proj(hidden_states).view(b, n, -1, self.head_dim).transpose(1, 2)
+            cos, sin = position_embeddings
+            query = self.kept.rotate(self.q_proj(hidden_states), cos, sin, "q")
+            key = self.kept.rotate(self.k_proj(hidden_states), cos, sin, "k")[:, None]
+            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
+            out, weights = self.kept.attention(
+                query, key, value, attention_mask, self.scaling,
+                0.0 if not self.training else self.attention_dropout, self.training)
+            return self.o_proj(out), weights
+
+    return KeptRotaryAttention
+
+
+def gpt2_attention(stock):
+    """GPT-2's attention (one ``Conv1D`` ``c_attn`` for queries, keys and values) with kept
+    query and key channels: ``c_attn`` is ``[kept queries | kept keys | values]``."""
+
+    class KeptGPT2Attention(stock):
+        def __init__(self, config, is_cross_attention=False, layer_idx=None):
+            super().__init__(config, is_cross_attention=is_cross_attention, layer_idx=layer_idx)
+            if is_cross_attention:
+                raise ValueError("Cross-attention blocks are not compressed.")
+            query, key = _kept(config, layer_idx)
+            self.kept = KeptChannels(query, key, self.head_dim, rotary=False)
+            conv = type(self.c_attn)
+            self.c_attn = conv(self.kept.q_size + self.kept.k_size + self.embed_dim,
+                               self.embed_dim)
+            self.split_sizes = [self.kept.q_size, self.kept.k_size, self.embed_dim]
+
+        def forward(self, hidden_states, cache=None, attention_mask=None,
+                    encoder_hidden_states=None, encoder_attention_mask=None,
+                    output_attentions=False, past_key_values=None, **kwargs):
+            cache = past_key_values if cache is None else cache
+            kwargs.pop("use_cache", None)
+            b, n = hidden_states.shape[:-1]
+            query, key, value = self.c_attn(hidden_states).split(self.split_sizes, dim=2)
+            value = value.view(b, n, -1, self.head_dim).transpose(1, 2)
+            key, value = _cached(cache, key[:, None], value, self.layer_idx, kwargs)
+            out, weights = self.kept.attention(
+                query, key, value, attention_mask, self.scaling,
+                self.attn_dropout.p if self.training else 0.0, self.training)
+            return self.resid_dropout(self.c_proj(out)), weights
+
+    return KeptGPT2Attention
+
+
+def bert_attention(stock):
+    """BERT's self-attention (``query``/``key``/``value``) with kept query and key channels."""
+
+    class KeptBertSelfAttention(stock):
+        def __init__(self, config, is_causal=False, layer_idx=None):
+            super().__init__(config, is_causal=is_causal, layer_idx=layer_idx)
+            query, key = _kept(config, layer_idx)
+            self.kept = KeptChannels(query, key, self.attention_head_size, rotary=False)
+            self.query = _linear_like(self.query, self.kept.q_size)
+            self.key = _linear_like(self.key, self.kept.k_size)
+
+        def forward(self, hidden_states, attention_mask=None, cache=None,
+                    past_key_values=None, **kwargs):
+            cache = past_key_values if cache is None else cache
+            b, n = hidden_states.shape[:-1]
+            value = self.value(hidden_states).view(b, n, -1, self.attention_head_size)
+            key, value = _cached(cache, self.key(hidden_states)[:, None],
+                                 value.transpose(1, 2), self.layer_idx, kwargs)
+            return self.kept.attention(
+                self.query(hidden_states), key, value, attention_mask, self.scaling,
+                self.dropout.p if self.training else 0.0, self.training)
+
+    return KeptBertSelfAttention
+
+
+def kept_model(stock_model, stock_attention, make_attention):
+    """``stock_model`` whose ``stock_attention`` blocks are ``make_attention(stock_attention)``.
+
+    The blocks are replaced after the stock constructor, each with its own layer index;
+    the attention runs eagerly (the kept widths are not a stock kernel's shapes).
+    """
+    kept_attention = make_attention(stock_attention)
+
+    class KeptModel(stock_model):
+        _supports_sdpa = False
+        _supports_flash_attn = False
+        _supports_flex_attn = False
+        _supports_attention_backend = False
+
+        def __init__(self, config, *args, **kwargs):
+            config._attn_implementation = "eager"
+            super().__init__(config, *args, **kwargs)
+            for name, module in list(self.named_modules()):
+                if type(module) is not stock_attention:
+                    continue
+                if getattr(module, "is_cross_attention", False):
+                    continue
+                options = {}
+                if hasattr(module, "is_causal") and stock_attention.__name__.startswith(
+                        "Bert"):
+                    options["is_causal"] = module.is_causal
+                self.set_submodule(name, kept_attention(config, layer_idx=module.layer_idx,
+                                                        **options))
+            self.post_init()
+
+    KeptModel.__name__ = KeptModel.__qualname__ = "Kept" + stock_model.__name__
+    return KeptModel

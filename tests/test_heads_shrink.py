@@ -1,0 +1,307 @@
+"""Forms that shrink, written as a directory plain transformers loads in a fresh process.
+
+For tiny random LLaMA (grouped keys), Qwen2 (query and key biases), GPT-2 and BERT models:
+:func:`compress_model` writes the compressed model with query and key projections of the
+kept widths; a new interpreter loads it with ``trust_remote_code=True``; its ``generate()``
+is the in-memory compressed model's, its key cache has the kept widths, every other weight
+is the original's bit for bit, in the original's dtype; keeping every channel reproduces the
+original.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from sklearn_ebound.heads import compress_model, docstring_sentences, plan_ranks
+from sklearn_ebound.heads import next_token_kl
+from sklearn_ebound.heads._shrink import (
+    fold_plane_maps,
+    kept_channels,
+    plane_maps,
+    plane_plan,
+    save_shrunk,
+    zero_dropped,
+)
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+TEXTS = [s for s in docstring_sentences(["json", "textwrap"]) if len(s.split()) >= 5][:16]
+PROMPT = [[3, 17, 5, 29, 11, 8]]
+QK = (".q_proj.", ".k_proj.", ".query.", ".key.", ".c_attn.")
+
+
+def _model(kind, dtype=torch.float32):
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=60, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=32, num_hidden_layers=2, rope_theta=500.0))
+    elif kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=60, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=32, num_hidden_layers=2, rope_theta=500.0))
+    elif kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=60, n_embd=32, n_head=4, n_layer=2, n_positions=64))
+    else:
+        model = transformers.BertModel(transformers.BertConfig(
+            vocab_size=60, hidden_size=32, num_attention_heads=4, intermediate_size=32,
+            num_hidden_layers=2))
+    with torch.no_grad():  # attention far from uniform, biases that count
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "query.weight", "key.weight",
+                              "c_attn.weight")):
+                parameter.mul_(8.0)
+            if name.endswith(("q_proj.bias", "k_proj.bias")):
+                parameter.normal_(0.0, 0.5)
+    return model.to(dtype).eval()
+
+
+def _compress(kind, dtype, tmp, word_tokenizer, budget=0.5):
+    model = _model(kind, dtype)
+    options = dict(train_steps=0, refine="none", refit="none") if kind == "bert" else {}
+    compressed, report = compress_model(model, TEXTS, tokenizer=word_tokenizer(60),
+                                        budget=budget, out=tmp, max_length=16, **options)
+    return model, compressed, report
+
+
+_RELOAD = textwrap.dedent("""
+    import json, sys, torch, transformers
+    torch.manual_seed(0)
+    out = {}
+    for name, path, auto in json.loads(sys.argv[1]):
+        model = getattr(transformers, auto).from_pretrained(path, trust_remote_code=True)
+        model.eval()
+        ids = torch.tensor(%r)
+        entry = {"class": type(model).__name__,
+                 "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+                 "state": {k: v.float().tolist() for k, v in model.state_dict().items()}}
+        with torch.no_grad():
+            run = model(ids, use_cache=auto != "AutoModel")
+        if auto == "AutoModelForCausalLM":
+            entry["cache"] = [list(layer.keys.shape) for layer in run.past_key_values.layers]
+            entry["values"] = [list(layer.values.shape) for layer in run.past_key_values.layers]
+            entry["generated"] = model.generate(ids, max_new_tokens=5, do_sample=False,
+                                                pad_token_id=0).tolist()
+            entry["logits"] = run.logits.float().tolist()
+        else:
+            entry["hidden"] = run.last_hidden_state.float().tolist()
+        out[name] = entry
+    print(json.dumps(out))
+""") % (PROMPT,)
+
+
+def _reload(cases, tmp_path):
+    """Load every ``(name, directory, auto class)`` in one fresh interpreter."""
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"),
+               TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _RELOAD, json.dumps(cases)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def _widths(channels):
+    return [sum(len(c) for c in entry["key"]) for entry in channels]
+
+
+CASES = [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32),
+         ("gpt2", torch.float32), ("gpt2", torch.float16), ("bert", torch.float32)]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, word_tokenizer):
+    tmp = tmp_path_factory.mktemp("shrunk")
+    runs, cases = {}, []
+    for kind, dtype in CASES:
+        name = f"{kind}-{str(dtype).split('.')[-1]}"
+        model, compressed, report = _compress(kind, dtype, tmp / name, word_tokenizer)
+        runs[name] = (model, compressed, report)
+        cases.append((name, str(tmp / name),
+                      "AutoModel" if kind == "bert" else "AutoModelForCausalLM"))
+    return runs, _reload(cases, tmp)
+
+
+@pytest.mark.parametrize(("kind", "dtype"), CASES)
+def test_written_model_reloads_with_the_kept_widths(written, kind, dtype):
+    runs, reloaded = written
+    name = f"{kind}-{str(dtype).split('.')[-1]}"
+    model, compressed, report = runs[name]
+    got = reloaded[name]
+    # the stock class's name with kept channels, in the original's dtype
+    assert got["class"] == "Kept" + type(model).__name__
+    assert got["dtypes"] == [str(dtype)]
+    widths = _widths(report.channels)
+    assert report.key_cache_channels["compressed"] == sum(widths)
+    full = report.key_cache_channels["original"]
+    assert sum(widths) < full and report.qk_parameters["compressed"] < report.qk_parameters[
+        "original"]
+    # every weight but the query and key maps is the original's, bit for bit
+    original = model.state_dict()
+    state = got["state"]
+    for key, value in original.items():
+        if any(part in key for part in QK):
+            continue
+        assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
+    if kind == "gpt2":  # the fused map's value columns are the original's too
+        d = model.config.n_embd
+        for i, entry in enumerate(report.channels):
+            w = original[f"transformer.h.{i}.attn.c_attn.weight"].float().numpy()
+            kept = np.asarray(state[f"transformer.h.{i}.attn.c_attn.weight"])
+            assert kept.shape[1] == 2 * widths[i] + d
+            assert np.array_equal(kept[:, -d:], w[:, 2 * d:])
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        if kind == "bert":
+            mine = compressed(ids).last_hidden_state.float().numpy()
+            np.testing.assert_allclose(np.asarray(got["hidden"]), mine, atol=1e-5, rtol=1e-5)
+            return
+        run = compressed(ids, use_cache=True)
+        generated = compressed.generate(ids, max_new_tokens=5, do_sample=False,
+                                        pad_token_id=0).tolist()
+    # the key cache holds the kept channels only; the values keep their shape
+    n = len(PROMPT[0])
+    assert got["cache"] == [[1, 1, n, w] for w in widths]
+    assert got["values"] == [list(layer.values.shape) for layer in run.past_key_values.layers]
+    assert got["generated"] == generated
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    np.testing.assert_allclose(np.asarray(got["logits"]), run.logits.float().numpy(),
+                               atol=tolerance, rtol=tolerance)
+
+
+def test_rotary_planes_are_whole_shared_by_the_group_and_within_the_budget(written):
+    runs, _ = written
+    model, _, report = runs["llama-float32"]
+    d_h = model.config.hidden_size // model.config.num_attention_heads
+    half = d_h // 2
+    planned = int(report.plan.column("rank").sum())
+    kept = 0
+    for entry in report.channels:
+        assert len(entry["key"]) == 2 and len(entry["query"]) == 4
+        for h, channels in enumerate(entry["query"]):
+            assert channels == entry["key"][h // 2]  # the group's key planes
+        for channels in entry["key"]:
+            firsts = [c for c in channels if c < half]
+            assert sorted(c - half for c in channels if c >= half) == firsts
+            kept += 2 * len(firsts) * 2  # planes x 2 channels x 2 query heads
+    assert kept <= planned
+    assert report.form == "shrunk" and report.language_model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "bert"])
+def test_keeping_every_channel_is_the_original(kind, tmp_path, word_tokenizer):
+    model = _model(kind)
+    if model.config.model_type in ("llama", "qwen2"):
+        half = model.config.hidden_size // model.config.num_attention_heads // 2
+        planes = {i: [list(range(half))] * 2 for i in range(2)}
+        channels = kept_channels(model, planes=planes)
+    else:
+        channels = kept_channels(model)
+    shrunk = save_shrunk(model, channels, tmp_path / "full")
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        a, b = model(ids), shrunk(ids)
+    key = "last_hidden_state" if kind == "bert" else "logits"
+    np.testing.assert_allclose(getattr(b, key).numpy(), getattr(a, key).numpy(), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_only_a_model_whose_dropped_channels_are_zero_is_written(tmp_path):
+    # writing the kept channels of a model that still uses the others would change it
+    model = _model("llama")
+    channels = kept_channels(model, planes={i: [[0, 2], [1]] for i in range(2)})
+    with pytest.raises(ValueError, match="drops is not zero"):
+        save_shrunk(model, channels, tmp_path / "bad")
+    zeroed = zero_dropped(model, channels)
+    shrunk = save_shrunk(zeroed, channels, tmp_path / "good")
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        np.testing.assert_allclose(shrunk(ids).logits.numpy(), zeroed(ids).logits.numpy(),
+                                   atol=1e-5, rtol=1e-5)
+    assert shrunk.model.layers[0].self_attn.k_proj.weight.shape == (6, 32)  # 3 planes
+    assert shrunk.model.layers[0].self_attn.q_proj.weight.shape == (4 + 4 + 2 + 2, 32)
+
+
+def test_plane_count_follows_the_plan(word_tokenizer):
+    # key head g keeps ceil(mean rank of its query heads / 2) planes, fewer when that
+    # overshoots the plan's total; the planes are the group's most used
+    model = _model("llama")
+    d_h = 8
+    plan = {(i, h): r for i in range(2) for h, r in enumerate([6, 2, 8, 8])}
+    planes = plane_plan(model, plan, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    counts = [[len(p) for p in planes[i]] for i in range(2)]
+    # ceil(4 / 2) = 2 and ceil(8 / 2) = 4 planes: 2 * 2 * (2 + 4) = 24 = the plan's 24
+    assert counts == [[2, 4], [2, 4]]
+    assert all(max(p) < d_h // 2 for layer in planes.values() for p in layer if p)
+    odd = {(i, h): r for i in range(2) for h, r in enumerate([3, 2, 1, 1])}
+    planes = plane_plan(model, odd, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    kept = sum(2 * 2 * len(p) for layer in planes.values() for p in layer)
+    assert kept <= sum(odd.values())
+    assert math.isfinite(kept)
+
+
+def test_planes_priced_by_their_share_of_the_logits(word_tokenizer):
+    # planes 1 and 3 of key head 0 add nothing to its group's logits (their key channels are
+    # zero): at two planes per key head, key head 0 keeps planes 0 and 2
+    model = _model("llama")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight[[1, 5, 3, 7]] = 0.0
+    plan = {(i, h): 4 for i in range(2) for h in range(4)}
+    planes = plane_plan(model, plan, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    assert all(planes[i][0] == [0, 2] and len(planes[i][1]) == 2 for i in range(2))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_plane_maps_make_up_for_the_dropped_planes(kind, word_tokenizer):
+    # with every plane kept the fitted map is the identity; with planes dropped, the kept
+    # planes' fitted scaled rotations bring the next-token distributions closer to the
+    # original's on the calibration text
+    model, tok = _model(kind), word_tokenizer(60)
+    full = {i: [list(range(4))] * 2 for i in range(2)}
+    for a, b in plane_maps(model, full, TEXTS, tokenizer=tok, max_length=16).values():
+        np.testing.assert_allclose(a, 1.0, atol=1e-8)
+        np.testing.assert_allclose(b, 0.0, atol=1e-8)
+    planes = {i: [[0, 2], [1, 3]] for i in range(2)}
+    channels = kept_channels(model, planes=planes)
+    maps = plane_maps(model, planes, TEXTS, tokenizer=tok, max_length=16)
+    assert all(len(a) == len(b) == 2 for a, b in maps.values())
+    kept = zero_dropped(model, channels)
+    fitted = fold_plane_maps(zero_dropped(model, channels), planes, maps)
+    kl = [next_token_kl(model, m, TEXTS, tok, max_length=16).mean_kl for m in (kept, fitted)]
+    assert kl[1] < kl[0]
+    # the fold touches the kept query rows only: the keys and the dropped rows stay
+    for name, value in fitted.state_dict().items():
+        if "q_proj" not in name:
+            assert torch.equal(value, kept.state_dict()[name]), name
+
+
+def test_compress_model_checks_its_arguments(word_tokenizer):
+    model = _model("gpt2")
+    tok = word_tokenizer(60)
+    for options, match in [({"budget": 1.5}, "`budget` must be"),
+                           ({"eps": 0.0}, "`eps` must be"),
+                           ({"budget": 0.5, "eps": 0.1}, "one of `budget` and `eps`"),
+                           ({"allocation": "best"}, "`allocation` must be one of"),
+                           ({"form": "small"}, "`form` must be one of"),
+                           ({"train_steps": -1}, "`train_steps` must be"),
+                           ({"refine": "more"}, "`refine` must be one of"),
+                           ({"calibration": 1.0}, "`calibration` must be"),
+                           ({"max_length": 0}, "`max_length` must be"),
+                           ({"fit_planes": 1}, "`fit_planes` must be")]:
+        with pytest.raises(ValueError, match=match):
+            compress_model(model, TEXTS, tokenizer=tok, **options)
+    with pytest.raises(ValueError, match="at least 4"):
+        compress_model(model, TEXTS[:3], tokenizer=tok)
+    with pytest.raises(ValueError, match="needs a causal language model"):
+        compress_model(_model("bert"), TEXTS, tokenizer=tok, allocation="fisher")
+    with pytest.raises(ValueError, match="no trained pairs"):
+        compress_model(_model("llama"), TEXTS, tokenizer=tok, refine="distill")
+    assert plan_ranks  # the plan's own checks are plan_ranks's
