@@ -46,8 +46,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     import torch
-
     from _held_out import held_out_sentences
+
     from sklearn_ebound.heads._head_forms import head_model_errors
     from sklearn_ebound.heads._inputs import load_pretrained
 

@@ -55,12 +55,17 @@ def write_data(folder, n_seeds, shapes):
 
 def worker(folder, n_seeds, shapes):
     """Fit every case with the ``sklearn_ebound`` first on the path; print JSON."""
+    import importlib
+
+    import sklearn_ebound
     from sklearn_ebound import IntrinsicRankEstimator
 
-    try:  # where the rotation test draws its laws (an older checkout: the rules module)
-        import sklearn_ebound._null_laws as laws
-    except ImportError:
-        import sklearn_ebound._rank_rules as laws
+    # Where the rotation test draws its laws (an older checkout: the rules module). Asked of
+    # the checkout's own folder: an editable install would serve this tree's modules to an
+    # older checkout that lacks them.
+    here = Path(sklearn_ebound.__file__).parent
+    laws = importlib.import_module("sklearn_ebound._null_laws" if (here / "_null_laws.py").exists()
+                                   else "sklearn_ebound._rank_rules")
 
     drawn = []
     law = laws.rotation_null_law

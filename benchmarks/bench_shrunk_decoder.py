@@ -72,7 +72,8 @@ def main(argv=None):
     keys0, values0 = _cache_bytes(model, ids)
     p0 = perplexity(model, held, tokenizer, max_length=128, batch_size=1)
     figures = {"model": type(model).__name__, "n_texts": len(texts), "n_held_out": len(held),
-               "context": int(ids.shape[1]), "fit_planes": not args.no_fit_planes, "key_cache_bytes_original": keys0,
+               "context": int(ids.shape[1]), "fit_planes": not args.no_fit_planes,
+               "key_cache_bytes_original": keys0,
                "value_cache_bytes_original": values0, "perplexity_original": p0, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(args.checkpoint or Path(tmp) / "checkpoint")

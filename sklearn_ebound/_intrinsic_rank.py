@@ -24,8 +24,8 @@ from ._attention_operators import check_attention_pattern, check_lengths, own_sh
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
-from ._rules import NotEnoughData, read_rank
 from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics, criteria_table
+from ._rules import NotEnoughData, read_rank
 from ._validation import (
     check_groups,
     check_same_sequence_shape,

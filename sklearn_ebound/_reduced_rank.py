@@ -90,9 +90,8 @@ class _ReducedRankBase(MultiOutputMixin, RegressorMixin, BaseEstimator):
 
 
 def _validate_xy(estimator, X, y):
-    X, y = validate_data(
-        estimator, refuse_strings(X), y, multi_output=True, y_numeric=True, ensure_min_samples=2, dtype=np.float64
-    )
+    X, y = validate_data(estimator, refuse_strings(X), y, multi_output=True, y_numeric=True,
+                         ensure_min_samples=2, dtype=np.float64)
     estimator._y_2d = y.ndim == 2
     return X, (y if y.ndim == 2 else y[:, None])
 
@@ -197,8 +196,8 @@ class ReducedRankRegressor(_ReducedRankBase):
         first = getattr(self, "_moments", None) is None
         if first:
             self._validate_params()
-        X, y = validate_data(self, refuse_strings(X), y, reset=first, multi_output=True, y_numeric=True,
-                             dtype=np.float64)
+        X, y = validate_data(self, refuse_strings(X), y, reset=first, multi_output=True,
+                             y_numeric=True, dtype=np.float64)
         Y = y if y.ndim == 2 else y[:, None]
         if first:
             self._y_2d = y.ndim == 2

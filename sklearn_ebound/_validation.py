@@ -35,9 +35,8 @@ def refuse_strings(array, name="X"):
 def check_sequences(array, name, dtype=np.float64, expected_channels=None, estimator=None):
     """A finite float 3-D array ``(n_samples, n_tokens, n_channels)``, or a ValueError; with
     ``expected_channels``, also the channel count that ``estimator`` was fitted with."""
-    array = check_array(
-        refuse_strings(array, name), dtype=dtype, allow_nd=True, ensure_2d=False, input_name=name, ensure_min_samples=1
-    )
+    array = check_array(refuse_strings(array, name), dtype=dtype, allow_nd=True,
+                        ensure_2d=False, input_name=name, ensure_min_samples=1)
     if array.ndim != 3:
         raise ValueError(
             f"`{name}` must be a 3-D array of shape (n_samples, n_tokens, n_channels). Got an "

@@ -285,14 +285,16 @@ def test_which_models_are_language_models():
 
 
 def test_cli_reports_the_measure_it_used(word_tokenizer):
-    from sklearn_ebound.cli._heads import _fidelity
+    from sklearn_ebound.cli._heads import _fidelity_words
+    from sklearn_ebound.heads._workflow import _fidelity
 
     tokenizer = word_tokenizer(VOCAB)
     model = causal_lm("llama")
     result = head_deficiency(model, TEXTS, tokenizer=tokenizer, methods=("data",))
     compressed = compress_heads(model, result, plan_ranks(result, budget=0.5, method="data"),
                                 method="data")
-    fidelity, phrase = _fidelity(model, compressed, HELD_OUT, tokenizer, 64)
+    fidelity = _fidelity(model, compressed, HELD_OUT, tokenizer, 64, True)
+    phrase = _fidelity_words(fidelity)
     assert fidelity["measure"] == "perplexity and next-token KL"
     assert fidelity["mean_kl"] > 0 and fidelity["ratio"] > 0
     np.testing.assert_allclose(fidelity["original"], perplexity(model, HELD_OUT, tokenizer))
@@ -300,7 +302,8 @@ def test_cli_reports_the_measure_it_used(word_tokenizer):
     encoder = transformers.BertModel(transformers.BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=16))
-    fidelity, phrase = _fidelity(encoder, encoder, HELD_OUT, tokenizer, 64)
+    fidelity = _fidelity(encoder, encoder, HELD_OUT, tokenizer, 64, False)
+    phrase = _fidelity_words(fidelity)
     assert fidelity["measure"] == "cosine" and phrase.startswith(
         "measure: sentence-embedding cosine")
     np.testing.assert_allclose(fidelity["mean"], 1.0)

@@ -18,8 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from sklearn_ebound.heads import compress_model, docstring_sentences, plan_ranks
-from sklearn_ebound.heads import next_token_kl
+from sklearn_ebound.heads import compress_model, docstring_sentences, next_token_kl, plan_ranks
 from sklearn_ebound.heads._shrink import (
     fold_plane_maps,
     kept_channels,
@@ -152,7 +151,7 @@ def test_written_model_reloads_with_the_kept_widths(written, kind, dtype):
         assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
     if kind == "gpt2":  # the fused map's value columns are the original's too
         d = model.config.n_embd
-        for i, entry in enumerate(report.channels):
+        for i in range(len(report.channels)):
             w = original[f"transformer.h.{i}.attn.c_attn.weight"].float().numpy()
             kept = np.asarray(state[f"transformer.h.{i}.attn.c_attn.weight"])
             assert kept.shape[1] == 2 * widths[i] + d

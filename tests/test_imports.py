@@ -215,7 +215,8 @@ LAYERS = {
     "diagnostics": ("_diagnostics", "_influence", "_lack_of_fit"),
     "rules": ("_rules",),
     "estimators": ("_intrinsic_rank", "_reduced_rank", "_deficiency", "nn"),
-    "applications": ("experiments", "display", "heads", "cli", "__init__", "__main__"),
+    "applications": ("experiments", "display", "heads", "cli", "_compress_defaults", "__init__",
+                     "__main__"),
 }
 
 

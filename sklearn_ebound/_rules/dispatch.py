@@ -19,9 +19,9 @@ from .caveats import (
 )
 from .cv import cv_rule
 from .energy import cap_by_energy, energy_rule
+from .rank_interval import strength_bounded_reading
 from .reading import NotEnoughData, fitted_spectrum
 from .rsc import rsc_rule
-from .rank_interval import strength_bounded_reading
 from .static_rank_test import gaussian_rank_test, static_rank_test
 from .threshold import input_threshold_rule, kernel_threshold_rule
 

@@ -9,7 +9,7 @@ beyond the top; below the detection limit nothing can show them.
 """
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from scipy import stats
@@ -48,7 +48,7 @@ def spike_spread(t, m, r):
     return float(np.sqrt(max(t - m * r / t**3, 0.0) / spike_location(t, m, r)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def cluster_minimum_quantile(size, level):
     """Lower ``level`` quantile of the smallest eigenvalue of ``H = (G + Gᵀ) / 2``, ``G`` a
     ``size x size`` unit Gaussian matrix: ``j`` equal directions have sample values ``rho +

@@ -133,12 +133,10 @@ def add_heads_parser(commands):
         "compression", "measure the query-key rank each head needs on --text and save a "
                        "compressed model; a rerun resumes from the layers under --out")
     compress.add_argument("--compress", metavar="OUT_DIR",
-                          help="write the compressed model (a Hugging Face directory) here "
-                               "(no default)")
+                          help="write the compressed model here (no default)")
     which = compress.add_mutually_exclusive_group()
     which.add_argument("--budget", type=non_negative_float, metavar="F",
-                       help="total query-key rank kept, a fraction of the full rank in (0, 1] "
-                            "(no default)")
+                       help="query-key rank kept, a fraction in (0, 1] (no default)")
     which.add_argument("--eps", type=non_negative_float, metavar="E",
                        help="tolerance in (0, 1): each head's smallest rank of relative "
                             "output error <= E (no default)")
@@ -160,10 +158,8 @@ def add_heads_parser(commands):
                                "fisher for LMs (default: %(default)s)")
     compress.add_argument("--form", choices=("query", "shrunk"), default="query",
                           metavar="FORM",
-                          help="query: the original shapes (a rotary head's rank-r map on its "
-                               "query; nothing shrinks), or shrunk: tensors of the kept widths "
-                               "(whole rotary planes per key head), a directory loaded with "
-                               "trust_remote_code=True (default: %(default)s)")
+                          help="query (the original shapes) or shrunk (the kept widths; "
+                               "load with trust_remote_code=True) (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
     add_common_options(parser, json_only=True)

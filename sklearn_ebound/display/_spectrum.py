@@ -3,8 +3,7 @@
 import numpy as np
 from sklearn.utils.validation import check_is_fitted
 
-from .._spectrum import optimal_hard_threshold
-from .._spectrum import energy_rank, entropy_rank
+from .._spectrum import energy_rank, entropy_rank, optimal_hard_threshold
 from ._matplotlib import import_pyplot, new_axes
 
 __all__ = ["SpectrumDisplay"]

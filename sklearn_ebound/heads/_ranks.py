@@ -288,9 +288,9 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     model_or_weights : transformers model, torch module, path or mapping
         A Hugging Face model object (BERT-, GPT-2-, LLaMA- or Gemma 3-style; head counts,
         rotary bases and, for Gemma 3, the logit scale, the sliding windows and the query and
-        key gains are read from its config and weights), a directory holding a saved Hugging Face model (loaded
-        offline), or a state dict of numpy arrays or torch tensors (for example from
-        ``safetensors.numpy.load_file``), which needs ``n_heads``.
+        key gains are read from its config and weights), a directory holding a saved Hugging
+        Face model (loaded offline), or a state dict of numpy arrays or torch tensors (for
+        example from ``safetensors.numpy.load_file``), which needs ``n_heads``.
     n_heads : int, default=None
         Query heads per layer; read from the model config when there is one.
     n_kv_heads : int, default=None
