@@ -7,7 +7,6 @@ its undoing), chooses the statistics (:mod:`._rank_statistics`), calls one rank 
 
 import warnings
 from numbers import Real
-from textwrap import indent
 
 import numpy as np
 from sklearn.base import (
@@ -24,7 +23,7 @@ from ._attention_operators import check_attention_pattern, check_lengths, own_sh
 from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
-from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics, criteria_table
+from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics
 from ._rules import NotEnoughData, read_rank
 from ._validation import (
     check_groups,
@@ -60,7 +59,7 @@ def _in_data_units(values, unit, scales):
 
 
 class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
-    __doc__ = """Intrinsic rank ``r*`` of a task, read from data before any model is trained.
+    """Intrinsic rank ``r*`` of a task, read from data before any model is trained.
 
     For the static surrogate ``Y = X B + E`` the intrinsic rank is ``rank(Sigma_X^{1/2} B)``:
     below it every model keeps an excess risk of at least the tail energy ``T(r)``, at it the
@@ -170,7 +169,13 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
 
         Which criteria can read which statistics (an error names the others):
 
-{criteria_table}
+        - 2-D ``X`` alone: ``"threshold"``, ``"energy"``
+        - 2-D ``X`` and ``y``: ``"threshold"``, ``"rsc"``, ``"cv"``, ``"energy"``
+        - sequences, ``operator='static'``: ``"threshold"``, ``"rsc"``, ``"energy"``
+        - sequences, ``operator='auto'`` or ``'attention'``, ``value=None``: ``"threshold"``,
+          ``"rsc"``, ``"energy"``
+        - sequences, ``operator='auto'`` or ``'attention'``, known ``value``: ``"threshold"``,
+          ``"energy"``
 
     significance : float, default=1e-3
         False-positive rate of each sequential test of ``criterion="threshold"``, in
@@ -334,7 +339,7 @@ class IntrinsicRankEstimator(ClassNamePrefixFeaturesOutMixin, TransformerMixin, 
     >>> X, Y = make_static_task(2000, 20, rank=4, noise=0.5, random_state=0)
     >>> IntrinsicRankEstimator().fit(X, Y).rank_
     4
-    """.replace("{criteria_table}", indent(criteria_table(), " " * 8))
+    """
 
     _parameter_constraints = {
         "operator": [StrOptions({"auto", "static", "attention"})],

@@ -6,6 +6,7 @@ a rank from it, and how its rows, groups and empty statistics are made; the esti
 instead of testing the kind's name, and its errors and docstring are written from it.
 """
 
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,7 @@ __all__ = [
     "CV_NEEDS_ALL_DATA",
     "choose_statistics",
     "check_criterion",
-    "criteria_table",
+    "criteria_list",
     "Statistics",
     "value_map",
 ]
@@ -150,15 +151,13 @@ CV_NEEDS_ALL_DATA = ("criterion='cv' scores held-out folds of all the data in me
                      "cannot be accumulated by partial_fit nor reduced over dask blocks")
 
 
-def criteria_table():
-    """The table of :data:`STATISTICS` as reStructuredText, for the estimator's docstring."""
-    rows = [(s.data, ", ".join(f'``"{c}"``' for c in s.criteria)) for s in STATISTICS.values()]
-    header = ("data", "criteria")
-    widths = [max(len(r[i]) for r in [*rows, header]) for i in range(2)]
-    rule = "  ".join("=" * w for w in widths)
-    lines = [rule, f"{header[0]:{widths[0]}}  {header[1]}", rule]
-    lines += [f"{data:{widths[0]}}  {criteria}" for data, criteria in rows]
-    return "\n".join([*lines, rule])
+def criteria_list():
+    """The table of :data:`STATISTICS` as a reStructuredText list, pasted into the estimator's
+    docstring (a test keeps the two equal)."""
+    items = [f"- {s.data}: " + ", ".join(f'``"{c}"``' for c in s.criteria)
+             for s in STATISTICS.values()]
+    return "\n".join(textwrap.fill(item, 90, subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False) for item in items)
 
 
 def check_criterion(name, criterion):

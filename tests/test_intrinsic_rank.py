@@ -3,6 +3,7 @@
 import itertools
 import sys
 import warnings
+from textwrap import indent
 
 import numpy as np
 import pytest
@@ -169,8 +170,12 @@ def test_one_table_decides_which_criterion_reads_which_statistics():
                 with pytest.raises(ValueError, match=f"criterion='{criterion}' is not available"
                                                      f".*{re.escape(entry.why)}"):
                     estimator.fit(inputs, targets)
-        row = f"{entry.data}  " + ", ".join(f'``"{c}"``' for c in entry.criteria)
+        row = f"- {entry.data}: " + ", ".join(f'``"{c}"``' for c in entry.criteria)
         assert " ".join(row.split()) in " ".join(IntrinsicRankEstimator.__doc__.split())
+    # The docstring's list is pasted from the table's own rendering, word for word.
+    from sklearn_ebound._rank_statistics import criteria_list
+
+    assert indent(criteria_list(), " " * 8) in IntrinsicRankEstimator.__doc__
 
 
 def test_float32_in_float32_out():
