@@ -260,7 +260,7 @@ def main(argv=None):
             cosines = fidelity[name.replace("-", "_")].column("cosine")
             print(f"  worst {name} sentences: " + "; ".join(
                 f"{cosines[i]:.4f} {part[i][:70]!r}" for i in np.argsort(cosines)[:3]))
-    from sklearn_ebound._results import ResultTable
+    from sklearn_ebound._utils.results import ResultTable
 
     rows = []
     for (name, budget), p in others.items():

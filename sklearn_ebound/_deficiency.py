@@ -4,10 +4,10 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 from sklearn.utils import Bunch, check_array, check_consistent_length
 
-from ._deprecation import renamed_keyword
 from ._least_squares import path_squared_errors, solve_static
 from ._moments import Moments
 from ._spectrum import tail_energy
+from ._utils.deprecation import renamed_keyword
 
 __all__ = ["excess_risk_curve", "estimated_noise_floor", "deficiency_columns"]
 

@@ -20,12 +20,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._attention_operators import check_attention_pattern, check_lengths, own_share_energy
-from ._dask import dask_statistics, is_dask_array
 from ._diagnostics import RowKeeper
 from ._lack_of_fit import lack_of_fit, lack_of_fit_message, per_token_lack_of_fit
 from ._rank_statistics import CV_NEEDS_ALL_DATA, STATISTICS, choose_statistics
 from ._rules import NotEnoughData, read_rank
-from ._validation import (
+from ._utils.dask import dask_statistics, is_dask_array
+from ._utils.validation import (
     check_groups,
     check_same_sequence_shape,
     check_sequence_pair,

@@ -18,7 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ._least_squares import solve_static
 from ._moments import Moments, power_of_two_scale
 from ._rules.cv import PATH_SCORINGS, path_scores, training_moments
-from ._validation import refuse_strings
+from ._utils.validation import refuse_strings
 
 __all__ = ["ReducedRankRegressor", "ReducedRankRegressorCV", "rank_path_scores"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from scipy import integrate
 from scipy.optimize import brentq
 
-from ._validation import check_spectra, spectrum_output
+from ._utils.validation import check_spectra, spectrum_output
 
 __all__ = [
     "energy_rank",

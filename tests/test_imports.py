@@ -206,8 +206,7 @@ def test_no_private_name_imported_across_modules():
 # The layers of the package, lowest first: a module may import its own layer and those below,
 # never one above. Every entry of the package root (module or subpackage) has its layer here.
 LAYERS = {
-    "utilities": ("_validation", "_random", "_dask", "_results", "_deprecation", "_scoring",
-                  "exceptions"),
+    "utilities": ("_utils", "_scoring", "exceptions"),
     "statistics/attention": ("_moments", "_least_squares", "_spectrum", "_rank_statistics",
                              "_attention_operators", "_conjugate_gradients", "_kernel_moments",
                              "_attention_solver", "_kernel_rank", "datasets"),

@@ -326,7 +326,7 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     """
     import numpy as np
 
-    from .._results import ResultTable
+    from .._utils.results import ResultTable
     from ..heads import compress_model, is_language_model
 
     if tokenizer is None:

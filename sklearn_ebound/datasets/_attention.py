@@ -23,8 +23,8 @@ from .._attention_operators import (
     check_lengths,
     valid_tokens,
 )
-from .._deprecation import renamed_keyword
-from .._random import random_orthonormal
+from .._utils.deprecation import renamed_keyword
+from .._utils.random import random_orthonormal
 from ._static import padded_spectrum, planted_singular_values
 
 __all__ = ["make_attention_task", "make_static_mixing_task", "alibi_bias"]

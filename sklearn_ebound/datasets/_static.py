@@ -6,7 +6,7 @@ import numpy as np
 from scipy.linalg import sqrtm, toeplitz
 from sklearn.utils import Bunch, check_random_state, check_scalar
 
-from .._random import random_orthonormal
+from .._utils.random import random_orthonormal
 
 __all__ = ["make_static_task", "ar1_covariance"]
 

@@ -431,7 +431,7 @@ class CompressionFrontierDisplay:
     Examples
     --------
     >>> import matplotlib.pyplot as plt
-    >>> from sklearn_ebound._results import ResultTable
+    >>> from sklearn_ebound._utils.results import ResultTable
     >>> from sklearn_ebound.display import CompressionFrontierDisplay
     >>> rows = [{"strategy": s, "budget": b, "budget_used": b, "mean_cosine": 1 - (1 - b) / k}
     ...         for s, k in (("uniform", 20), ("plan", 60)) for b in (0.2, 0.4)]

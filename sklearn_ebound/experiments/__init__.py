@@ -2,7 +2,7 @@
 gradient descent and the predictability frontier. Each returns a plain result table with
 ``to_dict``, ``to_json`` and ``to_csv`` exports."""
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._frontier import FrontierResult, conditioned_value_map, predictability_frontier
 from ._ladder import LadderResult, interpolation_ladder
 from ._recovery import RecoveryResult, recovery_experiment

@@ -7,8 +7,8 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._intrinsic_rank import IntrinsicRankEstimator
-from .._random import random_orthonormal
-from .._results import ResultTable
+from .._utils.random import random_orthonormal
+from .._utils.results import ResultTable
 from ..datasets import make_attention_task
 from ..exceptions import RankEstimationWarning
 

@@ -10,8 +10,8 @@ from sklearn.utils import check_random_state
 from .._attention_operators import token_mixing_data
 from .._intrinsic_rank import IntrinsicRankEstimator
 from .._reduced_rank import ReducedRankRegressor, ReducedRankRegressorCV
-from .._results import ResultTable
 from .._spectrum import energy_rank
+from .._utils.results import ResultTable
 from ..datasets import make_attention_task, make_static_mixing_task
 from ..exceptions import RankEstimationWarning
 

@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._results import ResultTable
 from .._spectrum import energy_rank, entropy_rank, stable_rank
+from .._utils.results import ResultTable
 from ..datasets import make_attention_task
 
 __all__ = ["recovery_experiment", "RecoveryResult"]

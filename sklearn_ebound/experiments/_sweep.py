@@ -15,8 +15,8 @@ from sklearn.utils import check_array
 from .._deficiency import deficiency_columns, estimated_noise_floor
 from .._least_squares import solve_static
 from .._moments import Moments
-from .._results import ResultTable
 from .._scoring import get_sequence_scorer
+from .._utils.results import ResultTable
 
 __all__ = ["rank_sweep", "RankSweepResult"]
 

@@ -16,7 +16,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ..exceptions import RankEstimationWarning
 from ._deficiency import train_head
 from ._head_forms import (

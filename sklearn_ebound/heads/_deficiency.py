@@ -50,7 +50,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._head_forms import (
     METHODS,
     HeadBatches,

@@ -11,7 +11,7 @@ from numbers import Real
 
 import numpy as np
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._deficiency import eps_rank
 from ._head_forms import METHODS, check_fraction
 

@@ -5,7 +5,7 @@ from numbers import Integral
 
 import numpy as np
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._head_forms import (
     HeadBatches,
     HeadModel,

@@ -21,8 +21,8 @@ from numbers import Real
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .._results import ResultTable
 from .._spectrum import energy_rank, entropy_rank, stable_rank
+from .._utils.results import ResultTable
 from ._families._base import normalise
 from ._inputs import (
     capture_inputs,

@@ -44,7 +44,7 @@ from numbers import Integral
 
 import numpy as np
 
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._head_forms import check_texts, layers_of, model_source
 from ._inputs import require, token_batches
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .._compress_defaults import ENCODER_AUTO, LANGUAGE_MODEL_AUTO
-from .._results import ResultTable
+from .._utils.results import ResultTable
 from ._compression import (
     compress_heads,
     distill_compressed,

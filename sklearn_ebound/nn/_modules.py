@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .._attention_operators import check_attention_pattern, is_alibi
-from .._deprecation import renamed_keyword
+from .._utils.deprecation import renamed_keyword
 
 __all__ = ["LowRankAttention", "StaticTokenMixer"]
 

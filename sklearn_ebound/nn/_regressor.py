@@ -23,7 +23,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from .._attention_operators import check_attention_pattern, check_lengths
 from .._spectrum import energy_rank
-from .._validation import check_sequences
+from .._utils.validation import check_sequences
 from ..exceptions import TrainingDivergedError
 from ._callbacks import ConvergenceCheck, DivergenceCheck
 from ._modules import LowRankAttention, StaticTokenMixer, resolve_learned
