@@ -6,6 +6,7 @@ the source text (``ast``), so they see the imports a test run never executes.
 """
 
 import ast
+import re
 from collections import deque
 from pathlib import Path
 
@@ -272,3 +273,18 @@ def test_layer_check_finds_planted_violations():
 def test_no_layer_imports_a_higher_one():
     offenders = layer_violations(package_sources(), LAYERS)
     assert not offenders, "imports against the layers:\n" + "\n".join(offenders)
+
+
+def test_the_layout_page_lists_every_module_once_under_its_layer():
+    # docs/layout.rst: one line a module, grouped by the layers above; a new module, a rename
+    # or a move must be written there too.
+    text = (PACKAGE.parent / "docs" / "layout.rst").read_text(encoding="utf-8")
+    listed = re.findall(r"^- ``([\w/]+\.py)``: \S", text, flags=re.MULTILINE)
+    on_disk = [path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))]
+    assert sorted(listed) == on_disk and len(set(listed)) == len(listed)
+    sections = re.split(r"^.+\n-+\n", text, flags=re.MULTILINE)[1:]
+    assert len(sections) == len(LAYERS)
+    for section, entries in zip(sections, LAYERS.values()):
+        roots = {name.split("/")[0].removesuffix(".py")
+                 for name in re.findall(r"^- ``([\w/]+\.py)``", section, flags=re.MULTILINE)}
+        assert roots == set(entries), (roots, entries)

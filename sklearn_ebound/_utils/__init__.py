@@ -1,3 +1,5 @@
-"""Helpers shared by the whole package, below every concept: input validation
-(:mod:`.validation`), random draws (:mod:`.random`), dask reductions (:mod:`.dask`), plain
-result tables (:mod:`.results`) and renamed keywords (:mod:`.deprecation`)."""
+"""Helpers shared by the whole package, below every concept.
+
+Input validation, random draws, dask reductions, plain result tables and renamed keywords,
+one module each.
+"""

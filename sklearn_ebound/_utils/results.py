@@ -1,4 +1,4 @@
-"""Plain result tables with exports that need no pandas, shared by the experiments and `heads`."""
+"""Plain result tables, exported without pandas; shared by the experiments and ``heads``."""
 
 import csv
 import io
