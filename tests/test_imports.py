@@ -284,7 +284,7 @@ def test_the_layout_page_lists_every_module_once_under_its_layer():
     assert sorted(listed) == on_disk and len(set(listed)) == len(listed)
     sections = re.split(r"^.+\n-+\n", text, flags=re.MULTILINE)[1:]
     assert len(sections) == len(LAYERS)
-    for section, entries in zip(sections, LAYERS.values()):
+    for section, entries in zip(sections, LAYERS.values(), strict=True):
         roots = {name.split("/")[0].removesuffix(".py")
                  for name in re.findall(r"^- ``([\w/]+\.py)``", section, flags=re.MULTILINE)}
         assert roots == set(entries), (roots, entries)
