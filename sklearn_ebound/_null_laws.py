@@ -27,6 +27,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 from scipy import special, stats
 from scipy.integrate import trapezoid
+from scipy.linalg.lapack import dsygvx as _pencil_eigenvalues
 from scipy.optimize import brentq
 from scipy.special import airy
 
@@ -444,6 +445,9 @@ _ROTATION_STAGES = (1 / 8, 1 / 4, 1 / 2)
 _ROTATION_MARGIN = 4.0
 _ROTATION_BOOTSTRAP = 200
 _ROTATION_STAGED_COST = 1e7
+# From this many rows a draw's largest root is found by LAPACK per draw; below, the Python
+# loop costs more than the batched inverse and spectrum it saves.
+_ROTATION_PENCIL_ROWS = 16
 
 
 def rotation_null_law(total_eigenvalues, n_rows, n_total, n_draws=ROTATION_DRAWS, seed=0, *,
@@ -525,9 +529,24 @@ def _rotated_tops(F, d):
     gram = np.matmul(F, F.transpose(0, 2, 1))
     part = F[:, :, : d.size]
     inner = np.matmul(part * d, part.transpose(0, 2, 1))
-    # lambda(gram^{-1} inner) = lambda(L^{-1} inner L^{-T}), gram = L Lᵀ.
-    inverse = np.linalg.inv(np.linalg.cholesky(gram))
-    return np.linalg.eigvalsh(inverse @ inner @ inverse.transpose(0, 2, 1))[:, -1]
+    n = gram.shape[1]
+    if n < _ROTATION_PENCIL_ROWS:
+        # lambda(gram^{-1} inner) = lambda(L^{-1} inner L^{-T}), gram = L Lᵀ.
+        inverse = np.linalg.inv(np.linalg.cholesky(gram))
+        return np.linalg.eigvalsh(inverse @ inner @ inverse.transpose(0, 2, 1))[:, -1]
+    # The same symmetric-definite pencil (inner, gram), one draw at a time: LAPACK's dsygvx
+    # reduces it to L^{-1} inner L^{-T} and finds its largest eigenvalue alone (bisection on
+    # the tridiagonal form), 1.5-2.5 times as fast from 20 rows on as inverting L and finding
+    # all of the spectrum (equal to about 1e-14 relative). The matrices are symmetric, so
+    # each one's transpose is the Fortran-ordered copy LAPACK reads.
+    tops = np.empty(len(F))
+    for i, (a, b) in enumerate(zip(inner, gram)):
+        top, _, _, _, info = _pencil_eigenvalues(a.T, b.T, jobz="N", range="I", il=n, iu=n,
+                                                 overwrite_a=1, overwrite_b=1)
+        if info:
+            raise np.linalg.LinAlgError(f"dsygvx failed on a rotation draw (info {info}).")
+        tops[i] = top[0]
+    return tops
 
 
 def _decided(tops, value, significance, seed):
