@@ -547,7 +547,7 @@ def _rotated_tops(F, d):
     # all of the spectrum (equal to about 1e-14 relative). The matrices are symmetric, so
     # each one's transpose is the Fortran-ordered copy LAPACK reads.
     tops = np.empty(len(F))
-    for i, (a, b) in enumerate(zip(inner, gram)):
+    for i, (a, b) in enumerate(zip(inner, gram, strict=True)):
         top, _, _, _, info = _pencil_eigenvalues(a.T, b.T, jobz="N", range="I", il=n, iu=n,
                                                  overwrite_a=1, overwrite_b=1)
         if info:
