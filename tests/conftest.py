@@ -110,24 +110,50 @@ DOCS_GROUP = "docs"
 DOCS_MODULES = ("test_docs.py", "test_examples.py")
 _DOCS_BUILDS = pytest.StashKey[list]()
 
+# Tests that read one costly module-scoped fixture (file::function, every parameter; a file
+# alone: all its tests), by the fixture: each group is one work unit, so that the fixture is
+# built once in a run, not once on every worker that takes some of its tests (seconds each,
+# measured on two workers of a shared 2-core machine; tests/test_suite_grouping.py checks
+# that each entry names a test that uses the fixture).
+SHARED_FIXTURE_GROUPS = {
+    "written": (  # five models compressed and reloaded in a fresh process: 16 s
+        "test_heads_shrink.py::test_written_model_reloads_with_the_kept_widths",
+        "test_heads_shrink.py::test_rotary_planes_are_whole_shared_by_the_group_and_within_"
+        "the_budget"),
+    "client": ("test_dask.py",),  # a local dask cluster of two processes: 2 s
+}
+
 
 def _in_docs_group(nodeid):
     """Whether a test id (``tests/test_docs.py::test_x``) belongs to DOCS_MODULES."""
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in DOCS_MODULES
 
 
+def _shared_fixture_group(nodeid):
+    """The SHARED_FIXTURE_GROUPS fixture whose group a test id belongs to, or None."""
+    path, _, name = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    function = f"{module}::{name.split('[', 1)[0].split('@', 1)[0]}"
+    for fixture, entries in SHARED_FIXTURE_GROUPS.items():
+        if module in entries or function in entries:
+            return f"{module}::{fixture}"
+    return None
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     # `--dist loadgroup` (and plain `-n`, `--dist load`) with the docs group read from the
     # test ids: one work unit for the tests of DOCS_MODULES (first in the queue, being the
-    # largest), one per other test.
+    # largest), one per group of SHARED_FIXTURE_GROUPS, one per other test.
     if config.getoption("dist", None) not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     class DocsOnOneWorkerScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid):
-            return DOCS_GROUP if _in_docs_group(nodeid) else super()._split_scope(nodeid)
+            if _in_docs_group(nodeid):
+                return DOCS_GROUP
+            return _shared_fixture_group(nodeid) or super()._split_scope(nodeid)
 
     return DocsOnOneWorkerScheduling(config, log)
 

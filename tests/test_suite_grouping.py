@@ -7,8 +7,10 @@ import pytest
 from conftest import (
     DOCS_GROUP,
     HEAVY_TESTS,
+    SHARED_FIXTURE_GROUPS,
     _claim_the_docs_build,
     _in_docs_group,
+    _shared_fixture_group,
     pytest_xdist_make_scheduler,
 )
 
@@ -74,6 +76,55 @@ def test_the_scheduler_sends_every_docs_test_to_the_first_worker(dist):
     assert not docs & set(workers[1].sent)
     assert scheduler._split_scope(IDS[1]) == IDS[1]  # other tests are units of their own
     assert scheduler._split_scope(IDS[0]) == DOCS_GROUP
+
+
+SHARED = ["tests/test_dask.py::test_one",
+          "tests/test_heads_shrink.py::test_written_model_reloads_with_the_kept_widths[a-b]",
+          "tests/test_heads_shrink.py::test_only_a_model_whose_dropped_channels_are_zero_is_"
+          "written",
+          "tests/test_dask.py::test_two[x]"]
+
+
+def test_tests_sharing_a_costly_fixture_are_one_work_unit_on_one_worker():
+    pytest.importorskip("xdist")
+    assert [_shared_fixture_group(nodeid) for nodeid in SHARED] == [
+        "test_dask.py::client", "test_heads_shrink.py::written", None, "test_dask.py::client"]
+    scheduler = pytest_xdist_make_scheduler(_Config("loadgroup"), None)
+    workers = [_Worker("gw0"), _Worker("gw1")]
+    ids = IDS + SHARED
+    for worker in workers:
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, ids)
+    scheduler.schedule()
+    dask = {ids.index(SHARED[0]), ids.index(SHARED[3])}
+    assert dask <= set(workers[0].sent) or dask <= set(workers[1].sent)
+    # The docs group, the largest unit, is still the first one of the first worker.
+    docs = {i for i, nodeid in enumerate(ids) if _in_docs_group(nodeid)}
+    assert set(workers[0].sent[:len(docs)]) == docs
+
+
+def test_every_shared_fixture_entry_names_a_test_that_uses_it():
+    tests = Path(__file__).resolve().parent
+    for fixture, entries in SHARED_FIXTURE_GROUPS.items():
+        for entry in entries:
+            module, _, function = entry.partition("::")
+            source = (tests / module).read_text(encoding="utf-8")
+            assert f"def {fixture}(" in source, entry  # the module-scoped fixture itself
+            if function:
+                signature = source.split(f"def {function}(", 1)[1].split(")", 1)[0]
+                assert fixture in signature, entry
+
+
+def test_the_docs_group_is_the_largest_work_unit(request):
+    # The scheduler queues the work units largest first: the docs build must stay first.
+    order = [item.nodeid for item in request.session.items]
+    if not all(any(nodeid.split("::")[0].endswith(name) for nodeid in order)
+               for name in ("test_docs.py", "test_dask.py", "test_heads_shrink.py")):
+        pytest.skip("needs the whole suite collected")
+    groups = [_shared_fixture_group(nodeid) for nodeid in order]
+    docs = sum(map(_in_docs_group, order))
+    for fixture in {group for group in groups if group}:
+        assert 1 < groups.count(fixture) < docs, fixture
 
 
 def test_other_distributions_keep_their_scheduler():
