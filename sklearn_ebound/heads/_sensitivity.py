@@ -359,17 +359,10 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
 
     Examples
     --------
-    >>> import transformers, torch
-    >>> from sklearn_ebound.heads import head_sensitivity
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=2, n_head=2)
-    >>> model = transformers.GPT2LMHeadModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> from sklearn_ebound.heads import head_sensitivity, make_tiny_transformer
+    >>> model, tokenizer = make_tiny_transformer("gpt2", n_layers=2)
     >>> sens = head_sensitivity(model, ["one two three four", "five six seven eight"],
-    ...                         tokenizer=tokenize)
+    ...                         tokenizer=tokenizer)
     >>> len(sens.rows), bool((sens.column("weight") > 0).all())
     (4, True)
     """
