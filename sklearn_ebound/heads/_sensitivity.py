@@ -383,6 +383,8 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
     sums = _SensitivitySums(len(layers), layers[0].n_heads, layers[0].head_dim)
     generator = torch.Generator().manual_seed(int(random_state))
     total_loss, n_pred, n_seen = 0.0, 0, 0
+    # One forward and one backward pass per batch: the taps hold each head's output and query
+    # and, after the backward pass, the loss's gradients in them.
     with _HeadTaps(model, family, layers) as taps, torch.enable_grad():
         for batch in token_batches(tokenizer, texts, max_length, batch_size):
             taps.clear()
