@@ -26,6 +26,8 @@ from sklearn_ebound.heads import (
     embedding_fidelity,
     head_deficiency,
     head_predictors,
+    is_language_model,
+    make_tiny_transformer,
     manual_sentences,
     perplexity,
     plan_ranks,
@@ -505,7 +507,8 @@ def test_manual_sentences_are_prose_of_another_kind():
     assert len(docstrings & set(manual)) < 0.05 * len(manual)
 
 
-@pytest.mark.parametrize("module", ["_deficiency", "_compression", "_refit", "_text"])
+@pytest.mark.parametrize("module", ["_deficiency", "_compression", "_refit", "_sensitivity",
+                                    "_ranks", "_text", "_tiny_model"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
@@ -513,6 +516,36 @@ def test_docstring_examples_run(module):
     module = importlib.import_module(f"sklearn_ebound.heads.{module}")
     failures, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert attempted and not failures
+
+
+def test_tiny_transformer_is_seeded_apart_from_torchs_own_state():
+    # The examples' stand-in model: the same weights for the same seed, torch's state untouched.
+    state = torch.random.get_rng_state()
+    (first, tokenizer), (again, _) = make_tiny_transformer("gpt2"), make_tiny_transformer("gpt2")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(p, q) for p, q in zip(first.parameters(), again.parameters(),
+                                                  strict=True))
+    other, _ = make_tiny_transformer("gpt2", random_state=1)
+    assert not torch.equal(next(first.parameters()), next(other.parameters()))
+    assert not first.training and is_language_model(first)
+    encoder, _ = make_tiny_transformer("bert", n_layers=3)
+    assert not is_language_model(encoder) and encoder.config.num_hidden_layers == 3
+    # one id per word, 1 + its length mod 29, right padding with 0, truncated to max_length
+    batch = tokenizer(["a bb ccc", "dddd"], padding=True, truncation=True, max_length=2,
+                      return_tensors="pt")
+    assert batch["input_ids"].tolist() == [[2, 3], [5, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(architecture="llama"), r"`architecture` must be one of \['bert', 'gpt2'\]"),
+    (dict(n_layers=0), "`n_layers` must be a positive integer. Got 0"),
+    (dict(n_layers=True), "`n_layers` must be a positive integer. Got True"),
+    (dict(random_state=-1), "`random_state` must be an integer >= 0. Got -1"),
+])
+def test_tiny_transformer_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_tiny_transformer(**kwargs)
 
 
 def test_shrinkage_moves_the_data_aware_form_to_the_weights(word_tokenizer, bert_result):

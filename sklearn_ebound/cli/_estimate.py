@@ -327,10 +327,45 @@ def _save(args, payload, estimator):
     return paths
 
 
-def estimate_command(args):
-    """Run ``ebound estimate`` on parsed arguments; returns the exit code."""
+def _estimators(args, operator, sequences):
+    """The estimator of the reading asked for and, on sequences read by attention, the naive
+    static transfer beside it."""
     from .. import IntrinsicRankEstimator
 
+    settings = {"criterion": args.criterion, "significance": args.significance,
+                "tau": args.tau}
+    estimators = [IntrinsicRankEstimator(args.operator, attention=args.attention,
+                                         value="identity" if args.value_identity else None,
+                                         **settings)]
+    if sequences and operator == "attention":
+        # Beside the attention-native rank, the naive static transfer's (the failing reading).
+        estimators.append(IntrinsicRankEstimator("static", **settings))
+    return estimators
+
+
+def _naive_static_line(naive, error, X):
+    """The report's line on the naive static transfer fitted beside attention (``error``: what
+    its fit raised, or None)."""
+    if error is None and hasattr(naive, "rank_"):
+        return (f"Naive static token-mixing rank: {naive.rank_} of {np.shape(X)[1]} "
+                "(the naive static transfer, one token-mixing matrix for all "
+                "sequences, shown for comparison: it does not describe attention)")
+    reason = str(error) if error is not None else "too few samples"
+    return f"Naive static token-mixing rank: not read ({reason})"
+
+
+def _spectrum_lines(estimator):
+    """The leading singular values and the threshold the rank was read against."""
+    spectrum = np.asarray(estimator.singular_values_)[:12]
+    lines = ["Spectrum: " + " ".join(f"{v:.4g}" for v in spectrum)
+             + (" ..." if len(estimator.singular_values_) > 12 else "")]
+    if estimator.threshold_ is not None:
+        lines.append(f"Threshold: {estimator.threshold_:.4g}")
+    return lines
+
+
+def estimate_command(args):
+    """Run ``ebound estimate`` on parsed arguments; returns the exit code."""
     X, Y = load_data(args)
     groups = load_groups(args, len(X))
     sequences = np.ndim(X) == 3
@@ -340,14 +375,7 @@ def estimate_command(args):
     operator = args.operator
     if operator == "auto":  # as the estimator resolves it
         operator = "attention" if sequences else "static"
-    settings = {"criterion": args.criterion, "significance": args.significance,
-                "tau": args.tau}
-    estimators = [IntrinsicRankEstimator(args.operator, attention=args.attention,
-                                         value="identity" if args.value_identity else None,
-                                         **settings)]
-    if sequences and operator == "attention":
-        # Beside the attention-native rank, the naive static transfer's (the failing reading).
-        estimators.append(IntrinsicRankEstimator("static", **settings))
+    estimators = _estimators(args, operator, sequences)
     stream = isinstance(X, np.memmap) and args.criterion != "cv"
     caught, errors = _fit(estimators, X, Y, stream, args.chunk_rows, groups)
     estimator = estimators[0]
@@ -368,21 +396,10 @@ def estimate_command(args):
         text.append(f"Groups: {payload['n_groups']} (--groups {args.groups}; the residual "
                     "diagnostics test the dependence within them)")
     if len(estimators) > 1:
-        naive = estimators[1]
-        payload["naive_static_rank"] = getattr(naive, "rank_", None)
-        if errors[1] is None and hasattr(naive, "rank_"):
-            text.append(f"Naive static token-mixing rank: {naive.rank_} of {np.shape(X)[1]} "
-                        "(the naive static transfer, one token-mixing matrix for all "
-                        "sequences, shown for comparison: it does not describe attention)")
-        else:
-            reason = str(errors[1]) if errors[1] is not None else "too few samples"
-            text.append(f"Naive static token-mixing rank: not read ({reason})")
+        payload["naive_static_rank"] = getattr(estimators[1], "rank_", None)
+        text.append(_naive_static_line(estimators[1], errors[1], X))
     text = [line for paragraph in text for line in textwrap.wrap(paragraph, 100)]
-    spectrum = np.asarray(estimator.singular_values_)[:12]
-    text.append("Spectrum: " + " ".join(f"{v:.4g}" for v in spectrum)
-                + (" ..." if len(estimator.singular_values_) > 12 else ""))
-    if estimator.threshold_ is not None:
-        text.append(f"Threshold: {estimator.threshold_:.4g}")
+    text += _spectrum_lines(estimator)
     text += _how_sure_lines(estimator, args.significance)
     text += [f"Warning: {n}" for n in notes]
     if args.out is not None:

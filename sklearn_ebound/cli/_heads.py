@@ -324,10 +324,8 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
 
     The work is :func:`~sklearn_ebound.heads.compress_model`'s; this reports it.
     """
-    import numpy as np
-
     from .._utils.results import ResultTable
-    from ..heads import compress_model, is_language_model
+    from ..heads import is_language_model
 
     if tokenizer is None:
         raise CLIError(f"{model_dir}: --compress needs the model's tokenizer in its directory")
@@ -336,8 +334,40 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
     if args.allocation in ("fisher", "taylor") and not language_model:
         raise CLIError(f"--allocation {args.allocation} prices the heads by a next-token loss: "
                        "it needs a causal language model with its head (use greedy or uniform)")
+    report = _run_compress_model(args, model, tokenizer, texts, out)
+    result, plan, fidelity = report.deficiency, report.plan, report.fidelity
+    heads_table = ResultTable(report.rows, head_dim=result.head_dim)
+    files = (write_table(result, out, "deficiency") + write_table(heads_table, out, "eps_ranks")
+             + write_table(plan, out, "plan") + _deficiency_pngs(result, out, focus))
+    lines = [
+        _curves_words(args, report, len(heads_table.rows), out),
+        "Per head: smallest rank with relative output error <= eps, and the planned rank:",
+        heads_table.format(),
+        "eps-ranks over heads (median, min, max):",
+        result.summary().format(),
+        _plan_words(args, report),
+        *_refit_lines(args, report, len(texts)),
+        _form_words(report),
+    ]
+    payload = {"train_steps": args.train_steps, "refine": args.refine, "refit": args.refit,
+               "form": args.form, "deficiency_summary": result.summary().to_dict(),
+               "eps_ranks": heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
+               "qk_parameters": report.qk_parameters,
+               "key_cache_channels": report.key_cache_channels,
+               "compressed_model": str(args.compress), "files": [str(p) for p in files]}
+    return lines, payload
+
+
+def _run_compress_model(args, model, tokenizer, texts, out):
+    """:func:`~sklearn_ebound.heads.compress_model` with the command's options; its report.
+
+    Interrupted, it says where the finished layers are kept; a shrunk form that cannot be
+    written is a :class:`CLIError` naming the command's option.
+    """
+    from ..heads import compress_model
+
     try:
-        written, report = compress_model(
+        _, report = compress_model(
             model, texts, tokenizer=tokenizer, budget=args.budget, eps=args.eps,
             allocation=args.allocation, train_steps=args.train_steps, refine=args.refine,
             refit=args.refit, form=args.form, calibration=args.calibration,
@@ -351,53 +381,51 @@ def _compress(args, model, tokenizer, model_dir, texts, out, focus):
         if "shrunk form" in str(exc) or "No shrunk form" in str(exc):
             raise CLIError(str(exc).replace("`form='query'`", "--form query")) from None
         raise
-    result, plan, fidelity = report.deficiency, report.plan, report.fidelity
-    heads_table = ResultTable(report.rows, head_dim=result.head_dim)
-    files = (write_table(result, out, "deficiency") + write_table(heads_table, out, "eps_ranks")
-             + write_table(plan, out, "plan") + _deficiency_pngs(result, out, focus))
-    goal = (f"budget {args.budget:g}" if args.eps is None else f"tolerance eps = {args.eps:g}")
-    rule = ("each head at its eps-rank" if args.eps is not None
-            else _ALLOCATION_WORDS[plan.allocation])
-    refit_line = []
-    if args.refit == "all":
-        refit_line = [f"Written model: the plan's heads fitted again on all {len(texts)} lines"
-                      + (f" ({args.train_steps} L-BFGS steps)" if args.train_steps else "")
-                      + _refine_words(args.refine, report.written_distillation)
-                      + "; the measure above, of the same fit on the calibration half, "
-                      "estimates its fidelity on new text (--refit none writes the model "
-                      "measured)."]
-    kept = report.kept
-    lines = [
+    return report
+
+
+def _curves_words(args, report, n_heads, out):
+    """The report's line on the deficiency curves: how many heads, lines, seconds, and the
+    layers kept from an earlier run under ``out``."""
+    result, kept = report.deficiency, report.kept
+    return (
         ("Data-aware deficiency curves" if report.methods == ("data",) else "Deficiency curves")
-        + f" of {len(heads_table.rows)} heads at every rank on "
+        + f" of {n_heads} heads at every rank on "
         f"{result.n_evaluation} evaluation lines (calibrated on {result.n_calibration}); "
         f"{result.seconds:.1f} s" + (f", trained step {result.train_seconds:.1f} s"
                                      if args.train_steps else "")
         + ("; kept from an earlier run under " + str(out) + ": " + ", ".join(
             f"the {what} of {n} of the {result.n_layers} layers" for what, n in kept.items())
-           if any(kept.values()) else "") + ".",
-        "Per head: smallest rank with relative output error <= eps, and the planned rank:",
-        heads_table.format(),
-        "eps-ranks over heads (median, min, max):",
-        result.summary().format(),
-        f"Plan ({rule}, {goal}"
-        + (f", the planned ranks trained ({args.train_steps} L-BFGS steps)"
-           if args.train_steps else "")
-        + _refine_words(args.refine, report.measured_distillation)
-        + f"): {plan.budget_used:.1%} of the full query-key rank "
-        f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); "
-        f"{_fidelity_words(fidelity)}.",
-        *refit_line,
-        _form_words(report),
-    ]
-    payload = {"train_steps": args.train_steps, "refine": args.refine, "refit": args.refit,
-               "form": args.form, "deficiency_summary": result.summary().to_dict(),
-               "eps_ranks": heads_table.to_dict(), "plan": plan.to_dict(), "fidelity": fidelity,
-               "qk_parameters": report.qk_parameters,
-               "key_cache_channels": report.key_cache_channels,
-               "compressed_model": str(args.compress), "files": [str(p) for p in files]}
-    del written
-    return lines, payload
+           if any(kept.values()) else "") + ".")
+
+
+def _plan_words(args, report):
+    """The report's line on the plan: its rule and goal, the rank it keeps, its fidelity."""
+    import numpy as np
+
+    result, plan = report.deficiency, report.plan
+    goal = (f"budget {args.budget:g}" if args.eps is None else f"tolerance eps = {args.eps:g}")
+    rule = ("each head at its eps-rank" if args.eps is not None
+            else _ALLOCATION_WORDS[plan.allocation])
+    return (f"Plan ({rule}, {goal}"
+            + (f", the planned ranks trained ({args.train_steps} L-BFGS steps)"
+               if args.train_steps else "")
+            + _refine_words(args.refine, report.measured_distillation)
+            + f"): {plan.budget_used:.1%} of the full query-key rank "
+            f"(median rank {np.median(plan.column('rank')):g} of {result.head_dim}); "
+            f"{_fidelity_words(report.fidelity)}.")
+
+
+def _refit_lines(args, report, n_lines):
+    """The report's line on the written model when it was fitted again on every line."""
+    if args.refit != "all":
+        return []
+    return [f"Written model: the plan's heads fitted again on all {n_lines} lines"
+            + (f" ({args.train_steps} L-BFGS steps)" if args.train_steps else "")
+            + _refine_words(args.refine, report.written_distillation)
+            + "; the measure above, of the same fit on the calibration half, "
+            "estimates its fidelity on new text (--refit none writes the model "
+            "measured)."]
 
 
 def _form_words(report):

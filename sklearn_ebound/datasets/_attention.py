@@ -105,6 +105,48 @@ def _embeddings(law, size, n_features, rng):
                      f"{law!r}.")
 
 
+def _planted_kernel(rank, singular_values, decay, n_features, rng):
+    """The planted singular values ``s`` and factors ``W_Q = U S^{1/2}``, ``W_K = R
+    S^{1/2}`` (Haar-random orthonormal ``U, R``, ``d x rank``), and the unit direction that
+    ``value='low_rank'`` hides."""
+    s = planted_singular_values(rank, singular_values, decay) if rank else np.zeros(0)
+    U = random_orthonormal(n_features, rank, rng)
+    R = random_orthonormal(n_features, rank, rng)
+    W_Q, W_K = U * np.sqrt(s), R * np.sqrt(s)
+    # The weakest key direction (or any direction when rank = 0) is the one 'low_rank' hides.
+    hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
+    return s, W_Q, W_K, hidden
+
+
+def _tokens(n_samples, n_tokens, n_features, vocabulary_size, vocabulary_law, rng):
+    """The tokens ``X``, standard normal or drawn uniformly from a vocabulary, and the
+    vocabulary's embeddings (``None`` without one)."""
+    if vocabulary_size is None:
+        return rng.standard_normal((n_samples, n_tokens, n_features)), None
+    check_scalar(vocabulary_size, "vocabulary_size", Integral, min_val=1)
+    embeddings = _embeddings(vocabulary_law, vocabulary_size, n_features, rng)
+    return embeddings[rng.randint(vocabulary_size, size=(n_samples, n_tokens))], embeddings
+
+
+def _mixing(X, W, attention, pattern, allowed, logit_scale):
+    """The token-mixing weights ``A_s`` of every sequence, ``Y_s = A_s X_s V^T + E_s``;
+    ``allowed``: the keys each query sees (``None``: all)."""
+    n_tokens, n_features = X.shape[1], X.shape[2]
+    # logits[s, i, j] = x_i^T W x_j
+    logits = X @ W @ X.transpose(0, 2, 1)
+    if attention == "linear":
+        # a_ij: 1/n, 1/|K_i|, or the mask's weights (normalised, or as given)
+        return logits / n_tokens if allowed is None else logits * base_weights(
+            pattern, allowed)[0]
+    scaled = logit_scale * logits / np.sqrt(n_features)
+    if pattern.bias is not None:
+        scaled = scaled + pattern.bias
+    if allowed is not None:
+        scaled = np.where(allowed, scaled, -np.inf)
+        scaled[~np.broadcast_to(allowed.any(axis=-1), scaled.shape[:2])] = 0.0  # padding rows
+    return softmax(scaled, axis=-1)
+
+
 def make_attention_task(
     attention="linear",
     n_samples=1000,
@@ -255,63 +297,28 @@ def make_attention_task(
     check_scalar(noise, "noise", Real, min_val=0)
     rng = check_random_state(random_state)
 
-    s = planted_singular_values(rank, singular_values, decay) if rank else np.zeros(0)
-    U = random_orthonormal(n_features, rank, rng)
-    R = random_orthonormal(n_features, rank, rng)
-    W_Q, W_K = U * np.sqrt(s), R * np.sqrt(s)
+    s, W_Q, W_K, hidden = _planted_kernel(rank, singular_values, decay, n_features, rng)
     W = W_Q @ W_K.T
-    # The weakest key direction (or any direction when rank = 0) is the one 'low_rank' hides.
-    hidden = R[:, -1] if rank else random_orthonormal(n_features, 1, rng)[:, 0]
     V, n_targets = _value_map(value, n_features, n_targets, hidden, rng)
 
     pattern = check_attention_pattern(mask, n_tokens, attention, mask_normalization, logit_bias)
     lengths = check_lengths(lengths, n_samples, n_tokens)
-    if vocabulary_size is None:
-        embeddings = None
-        X = rng.standard_normal((n_samples, n_tokens, n_features))
-    else:
-        check_scalar(vocabulary_size, "vocabulary_size", Integral, min_val=1)
-        embeddings = _embeddings(vocabulary_law, vocabulary_size, n_features, rng)
-        X = embeddings[rng.randint(vocabulary_size, size=(n_samples, n_tokens))]
+    X, embeddings = _tokens(n_samples, n_tokens, n_features, vocabulary_size, vocabulary_law,
+                            rng)
     valid = valid_tokens(lengths, n_tokens)
     if valid is not None:
         X = X * valid[..., None]
-    allowed = pattern.keys(valid, n_tokens)
-    # logits[s, i, j] = x_i^T W x_j
-    logits = X @ W @ X.transpose(0, 2, 1)
-    if attention == "linear":
-        # a_ij: 1/n, 1/|K_i|, or the mask's weights (normalised, or as given)
-        mixing = logits / n_tokens if allowed is None else logits * base_weights(
-            pattern, allowed)[0]
-    else:
-        scaled = logit_scale * logits / np.sqrt(n_features)
-        if pattern.bias is not None:
-            scaled = scaled + pattern.bias
-        if allowed is not None:
-            scaled = np.where(allowed, scaled, -np.inf)
-            scaled[~np.broadcast_to(allowed.any(axis=-1), scaled.shape[:2])] = 0.0  # padding rows
-        mixing = softmax(scaled, axis=-1)
+    mixing = _mixing(X, W, attention, pattern, pattern.keys(valid, n_tokens), logit_scale)
     Y = mixing @ X @ V.T + noise * rng.standard_normal((n_samples, n_tokens, n_targets))
     if valid is not None:
         Y = Y * valid[..., None]
     if not return_params:
         return X, Y
     params = Bunch(
-        vocabulary=embeddings,
-        mask=pattern.allowed,
-        mask_weights=pattern.weights,
-        mask_normalization=pattern.normalization,
-        logit_bias=pattern.bias,
-        lengths=lengths,
-        W_Q=W_Q,
-        W_K=W_K,
-        W=W,
-        V=V,
-        singular_values=padded_spectrum(s, n_features),
-        rank=rank,
-        attention=attention,
-        logit_scale=logit_scale,
-        noise=noise,
+        vocabulary=embeddings, mask=pattern.allowed, mask_weights=pattern.weights,
+        mask_normalization=pattern.normalization, logit_bias=pattern.bias, lengths=lengths,
+        W_Q=W_Q, W_K=W_K, W=W, V=V, singular_values=padded_spectrum(s, n_features),
+        rank=rank, attention=attention, logit_scale=logit_scale, noise=noise,
         noise_floor=noise**2 * n_targets,
     )
     return X, Y, params

@@ -22,6 +22,7 @@ and :func:`next_token_kl` (a causal language model, :func:`is_language_model`) m
 to end. Running models needs the optional ``heads`` extra (``transformers``,
 ``safetensors``, and ``gguf`` and ``accelerate`` for the GGUF files :func:`load_pretrained`
 reads); state dicts of numpy arrays need nothing more than numpy.
+:func:`make_tiny_transformer` builds the tiny random model the examples run on.
 :class:`~sklearn_ebound.display.HeadRankDisplay`,
 :class:`~sklearn_ebound.display.HeadSpectrumDisplay` and
 :class:`~sklearn_ebound.display.HeadDeficiencyDisplay` draw the results.
@@ -51,6 +52,7 @@ from ._text import (
     docstring_sentences,
     manual_sentences,
 )
+from ._tiny_model import make_tiny_transformer
 from ._weights import NAMINGS
 from ._workflow import ENCODER_AUTO, LANGUAGE_MODEL_AUTO, CompressionReport, compress_model
 
@@ -84,4 +86,5 @@ __all__ = [
     "HELD_OUT_MODULES",
     "WIDE_CALIBRATION_MODULES",
     "load_pretrained",
+    "make_tiny_transformer",
 ]

@@ -208,23 +208,15 @@ def refine_compressed(model, compressed, plan, texts, *, tokenizer=None, train_s
 
     Examples
     --------
-    >>> import transformers, torch
     >>> from sklearn_ebound.heads import (compress_heads, docstring_sentences,
-    ...                                   head_deficiency, plan_ranks, refine_compressed)
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
-    ...                                  num_attention_heads=2, intermediate_size=16)
-    >>> model = transformers.BertModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
-    >>> tokenize.pad_token = "[PAD]"
-    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:8]
-    >>> result = head_deficiency(model, texts, tokenizer=tokenize, methods=("data",))
+    ...                                   head_deficiency, make_tiny_transformer, plan_ranks,
+    ...                                   refine_compressed)
+    >>> model, tokenizer = make_tiny_transformer("bert", n_layers=2)
+    >>> texts = docstring_sentences(["json"])[:8]
+    >>> result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("data",))
     >>> plan = plan_ranks(result, budget=0.5, method="data")
     >>> compressed = compress_heads(model, result, plan, method="data")
-    >>> refined = refine_compressed(model, compressed, plan, texts, tokenizer=tokenize,
+    >>> refined = refine_compressed(model, compressed, plan, texts, tokenizer=tokenizer,
     ...                             train_steps=3)
     >>> type(refined).__name__
     'BertModel'
@@ -449,23 +441,15 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
 
     Examples
     --------
-    >>> import transformers, torch
     >>> from sklearn_ebound.heads import (compress_heads, distill_compressed,
-    ...                                   docstring_sentences, head_deficiency, plan_ranks)
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
-    ...                                  num_attention_heads=2, intermediate_size=16)
-    >>> model = transformers.BertModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
-    >>> tokenize.pad_token = "[PAD]"
-    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:10]
-    >>> result = head_deficiency(model, texts, tokenizer=tokenize, methods=("data",))
+    ...                                   docstring_sentences, head_deficiency,
+    ...                                   make_tiny_transformer, plan_ranks)
+    >>> model, tokenizer = make_tiny_transformer("bert", n_layers=2)
+    >>> texts = docstring_sentences(["json"])[:10]
+    >>> result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("data",))
     >>> plan = plan_ranks(result, budget=0.5, method="data")
     >>> compressed = compress_heads(model, result, plan, method="data")
-    >>> distilled = distill_compressed(model, compressed, plan, texts, tokenizer=tokenize,
+    >>> distilled = distill_compressed(model, compressed, plan, texts, tokenizer=tokenizer,
     ...                                max_epochs=2, batch_size=4)
     >>> len(distilled.distillation_["validation_loss"])
     3
@@ -796,17 +780,10 @@ def next_token_kl(original, compressed, texts, tokenizer, *, max_length=128, bat
 
     Examples
     --------
-    >>> import transformers, torch
-    >>> from sklearn_ebound.heads import next_token_kl
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=1, n_head=2)
-    >>> model = transformers.GPT2LMHeadModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> from sklearn_ebound.heads import make_tiny_transformer, next_token_kl
+    >>> model, tokenizer = make_tiny_transformer("gpt2")
     >>> texts = ["one two three four", "five six seven eight"]
-    >>> next_token_kl(model, model, texts, tokenize).mean_kl
+    >>> next_token_kl(model, model, texts, tokenizer).mean_kl
     0.0
     """
     torch = require("torch")

@@ -801,19 +801,11 @@ def head_deficiency(model, texts, *, tokenizer=None, calibration=0.5, methods=ME
 
     Examples
     --------
-    >>> import transformers, torch
-    >>> from sklearn_ebound.heads import docstring_sentences, head_deficiency
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
-    ...                                  num_attention_heads=2, intermediate_size=16)
-    >>> model = transformers.BertModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
-    >>> tokenize.pad_token = "[PAD]"
-    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:8]
-    >>> result = head_deficiency(model, texts, tokenizer=tokenize, methods=("weight", "data"))
+    >>> from sklearn_ebound.heads import (docstring_sentences, head_deficiency,
+    ...                                   make_tiny_transformer)
+    >>> model, tokenizer = make_tiny_transformer("bert")
+    >>> texts = docstring_sentences(["json"])[:8]
+    >>> result = head_deficiency(model, texts, tokenizer=tokenizer, methods=("weight", "data"))
     >>> curves = result.curves("data")
     >>> curves.shape, bool(curves[0, 0, -1] < 1e-12)
     ((1, 2, 9), True)

@@ -93,6 +93,99 @@ def _tolerance_ranks(curves, eps):
     return np.array([[eps_rank(c, eps) for c in layer] for layer in curves])
 
 
+def _check_plan_options(budget, eps, method, allocation, weighting, worst_texts, sensitivity):
+    """The checks of :func:`plan_ranks`' options that need no curves."""
+    if (budget is None) == (eps is None):
+        raise ValueError("Give exactly one of `budget` and `eps`.")
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
+    if weighting not in ("output", "none"):
+        raise ValueError(f"`weighting` must be 'output' or 'none'. Got {weighting!r}.")
+    if allocation not in ALLOCATIONS:
+        raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}. Got "
+                         f"{allocation!r}.")
+    if worst_texts is not None:
+        if allocation != "residual":
+            raise ValueError("`worst_texts` needs allocation='residual'.")
+        if (isinstance(worst_texts, bool) or not isinstance(worst_texts, Real)
+                or not 0 < worst_texts <= 1):
+            raise ValueError(f"`worst_texts` must be a number in (0, 1]. Got {worst_texts!r}.")
+    if (allocation in ("fisher", "taylor")) != (sensitivity is not None):
+        raise ValueError(f"allocation={allocation!r} needs `sensitivity` (head_sensitivity), "
+                         "and `sensitivity` is only read by allocation='fisher' or 'taylor'.")
+    if sensitivity is not None and not hasattr(sensitivity, "weights"):
+        raise TypeError("`sensitivity` must be a head_sensitivity result. Got "
+                        f"{type(sensitivity).__name__} instead.")
+
+
+def _loss_price(result, curves, method, allocation, eps, sensitivity):
+    """``(n_layers, n_heads, d_h + 1)``: each head's predicted loss at each rank, ``None``
+    without ``sensitivity``. Second order: the Fisher weight times the relative error
+    (``w_h err_h(r)``); with ``"taylor"`` plus the first-order term ``<M_h, G_r - I>``."""
+    fisher = None if sensitivity is None else sensitivity.weights(result)
+    price = None if fisher is None else curves * fisher[..., None]  # second order
+    if allocation == "taylor":
+        if method not in ("data", "weight") or eps is not None:
+            raise ValueError("allocation='taylor' plans a `budget` on the 'data' or 'weight' "
+                             f"forms (maps of the query). Got method={method!r}"
+                             + (", eps" if eps is not None else "") + ".")
+        price = price + sensitivity.first_order(result, method)
+    return price
+
+
+def _budget_ranks(result, curves, price, residual, units, method, allocation, weighting,
+                  worst_texts):
+    """``(n_layers, n_heads)`` ranks summing to at most ``units``, by ``allocation``."""
+    if allocation == "uniform":
+        return np.full(curves.shape[:2], units // (curves.shape[0] * curves.shape[1]))
+    if allocation == "greedy":
+        weights = np.ones(curves.shape[:2])
+        if weighting == "output" and np.all(np.isfinite(result.output_share)):
+            weights = np.asarray(result.output_share, dtype=float)
+        return _greedy(curves * weights[..., None], units)
+    if allocation == "fisher":  # predicted loss: weight x relative error, summed
+        return _greedy(price, units)
+    if allocation == "taylor":  # the same with the first-order term: spend it all
+        return _greedy(price, units, spend=True)
+    if allocation == "residual" and worst_texts is not None:
+        return _greedy_worst(result.residual_curves(method, per_text=True), units,
+                             float(worst_texts))
+    if allocation == "residual":
+        return _greedy(residual, units)
+    return _one_tolerance_ranks(curves, units)
+
+
+def _one_tolerance_ranks(curves, units):
+    """One tolerance for every head: the eps-ranks with the largest total within ``units``,
+    by bisection on ``log eps`` in ``[1e-8, 1]``."""
+    lo, hi = 1e-8, 1.0
+    ranks = _tolerance_ranks(curves, hi)
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        trial = _tolerance_ranks(curves, mid)
+        if trial.sum() <= units:
+            hi, ranks = mid, trial
+        else:
+            lo = mid
+    return ranks
+
+
+def _plan_rows(result, ranks, curves, residual, price):
+    """One row per head: its planned rank, its relative and residual-stream errors there,
+    and with a ``price`` its predicted loss."""
+    rows = []
+    for li, layer in enumerate(result.layer_indices):
+        for hi_, h in enumerate(result.heads):
+            r = int(ranks[li, hi_])
+            row = {"layer": int(layer), "head": h, "rank": r,
+                   "error": float(curves[li, hi_, r]),
+                   "residual_error": float(residual[li, hi_, r])}
+            if price is not None:
+                row["predicted_loss"] = float(price[li, hi_, r])
+            rows.append(row)
+    return rows
+
+
 ALLOCATIONS = ("greedy", "residual", "fisher", "taylor", "tolerance", "uniform")
 
 
@@ -157,36 +250,9 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         ``sensitivity``), ``first_order_reliability`` (with ``"taylor"``), ``budget_used``,
         ``method``, ``allocation``, ``weighting``, ``worst_texts``, ``budget``, ``eps``.
     """
-    if (budget is None) == (eps is None):
-        raise ValueError("Give exactly one of `budget` and `eps`.")
-    if method not in METHODS:
-        raise ValueError(f"`method` must be one of {list(METHODS)}. Got {method!r}.")
-    if weighting not in ("output", "none"):
-        raise ValueError(f"`weighting` must be 'output' or 'none'. Got {weighting!r}.")
-    if allocation not in ALLOCATIONS:
-        raise ValueError(f"`allocation` must be one of {list(ALLOCATIONS)}. Got "
-                         f"{allocation!r}.")
-    if worst_texts is not None:
-        if allocation != "residual":
-            raise ValueError("`worst_texts` needs allocation='residual'.")
-        if (isinstance(worst_texts, bool) or not isinstance(worst_texts, Real)
-                or not 0 < worst_texts <= 1):
-            raise ValueError(f"`worst_texts` must be a number in (0, 1]. Got {worst_texts!r}.")
-    if (allocation in ("fisher", "taylor")) != (sensitivity is not None):
-        raise ValueError(f"allocation={allocation!r} needs `sensitivity` (head_sensitivity), "
-                         "and `sensitivity` is only read by allocation='fisher' or 'taylor'.")
-    if sensitivity is not None and not hasattr(sensitivity, "weights"):
-        raise TypeError("`sensitivity` must be a head_sensitivity result. Got "
-                        f"{type(sensitivity).__name__} instead.")
+    _check_plan_options(budget, eps, method, allocation, weighting, worst_texts, sensitivity)
     curves = plan_curves(result, method)
-    fisher = None if sensitivity is None else sensitivity.weights(result)
-    price = None if fisher is None else curves * fisher[..., None]  # second order
-    if allocation == "taylor":
-        if method not in ("data", "weight") or eps is not None:
-            raise ValueError("allocation='taylor' plans a `budget` on the 'data' or 'weight' "
-                             f"forms (maps of the query). Got method={method!r}"
-                             + (", eps" if eps is not None else "") + ".")
-        price = price + sensitivity.first_order(result, method)
+    price = _loss_price(result, curves, method, allocation, eps, sensitivity)
     residual = result.residual_curves(method)
     if allocation == "residual" and np.isnan(residual[np.isfinite(curves)]).any():
         raise ValueError("allocation='residual' needs the heads' output projections; the "
@@ -199,42 +265,9 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
         if isinstance(budget, bool) or not isinstance(budget, Real) or not 0 <= budget <= 1:
             raise ValueError(f"`budget` must be a number in [0, 1]. Got {budget!r} instead.")
         units = int(np.floor(budget * curves.shape[0] * curves.shape[1] * d_h + 1e-9))
-        if allocation == "uniform":
-            ranks = np.full(curves.shape[:2], units // (curves.shape[0] * curves.shape[1]))
-        elif allocation == "greedy":
-            weights = np.ones(curves.shape[:2])
-            if weighting == "output" and np.all(np.isfinite(result.output_share)):
-                weights = np.asarray(result.output_share, dtype=float)
-            ranks = _greedy(curves * weights[..., None], units)
-        elif allocation == "fisher":  # predicted loss: weight x relative error, summed
-            ranks = _greedy(price, units)
-        elif allocation == "taylor":  # the same with the first-order term: spend it all
-            ranks = _greedy(price, units, spend=True)
-        elif allocation == "residual" and worst_texts is not None:
-            ranks = _greedy_worst(result.residual_curves(method, per_text=True), units,
-                                  float(worst_texts))
-        elif allocation == "residual":
-            ranks = _greedy(residual, units)
-        else:  # one tolerance: bisect on log eps for the largest total within the budget
-            lo, hi = 1e-8, 1.0
-            ranks = _tolerance_ranks(curves, hi)
-            for _ in range(60):
-                mid = math.sqrt(lo * hi)
-                trial = _tolerance_ranks(curves, mid)
-                if trial.sum() <= units:
-                    hi, ranks = mid, trial
-                else:
-                    lo = mid
-    rows = []
-    for li, layer in enumerate(result.layer_indices):
-        for hi_, h in enumerate(result.heads):
-            r = int(ranks[li, hi_])
-            row = {"layer": int(layer), "head": h, "rank": r,
-                   "error": float(curves[li, hi_, r]),
-                   "residual_error": float(residual[li, hi_, r])}
-            if price is not None:
-                row["predicted_loss"] = float(price[li, hi_, r])
-            rows.append(row)
+        ranks = _budget_ranks(result, curves, price, residual, units, method, allocation,
+                              weighting, worst_texts)
+    rows = _plan_rows(result, ranks, curves, residual, price)
     used = float(ranks.sum() / (ranks.size * d_h))
     extra = {} if price is None else {
         "predicted_loss": float(sum(row["predicted_loss"] for row in rows))}
@@ -243,5 +276,3 @@ def plan_ranks(result, *, budget=None, eps=None, method="trained", allocation="g
     return ResultTable(rows, **extra, budget_used=used, method=method, allocation=allocation,
                        weighting=weighting, worst_texts=worst_texts, budget=budget, eps=eps,
                        head_dim=d_h)
-
-

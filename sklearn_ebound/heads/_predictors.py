@@ -56,6 +56,80 @@ def _known_value_reason(d, n_windows, window, span, value_rank, causal, max_memo
     return ""
 
 
+def _layer_windows(model, layer, texts, tokenizer, window, rotary, theta, max_length,
+                   batch_size):
+    """The first ``window`` input tokens of the layer's attention, ``(n_windows, window,
+    d)``, of every text that has as many, and with rotary embeddings their rotation tables
+    (``None`` without)."""
+    seqs, rots = capture_inputs(model, [layer], texts, tokenizer, rotary=rotary,
+                                max_length=max_length, batch_size=batch_size,
+                                stop_early=True)
+    keep = [i for i, x in enumerate(seqs[0]) if len(x) >= window]
+    if len(keep) < 2:
+        raise ValueError(f"Fewer than 2 texts have `window`={window} tokens; lower it.")
+    X = np.stack([seqs[0][i][:window] for i in keep])
+    rot = None
+    if rotary:
+        base = theta if layer.rope_theta is None else layer.rope_theta
+        tables = [rots[0][i] if rots[0] and rots[0][i] is not None
+                  else rope_tables(len(seqs[0][i]), layer.head_dim, base) for i in keep]
+        rot = [(c[:window], s[:window]) for c, s in tables]
+    return X, rot
+
+
+def _head_outputs(layer, head_list, X, rot, causal, window):
+    """``{head: (n_windows, window, d_h)}``: each head's output on the windows, with the
+    model's mask."""
+    torch = require("torch")
+
+    batches = HeadBatches(list(X), rot, causal, torch.float64, window=layer.window)
+    wq, wk, wv = augmented_weights(layer)
+    order = np.argsort([window] * len(X), kind="stable")  # HeadBatches keeps this order
+    outputs = {}
+    for h in head_list:
+        head = HeadModel(layer, h, (wq, wk, wv))
+        with torch.no_grad():
+            outs = [head.output(grp).numpy() for grp in batches.groups]
+        outputs[h] = np.concatenate(outs)[np.argsort(order)]
+    return outputs
+
+
+def _energy_ranks(ranks_row, taus):
+    """The kernel's and the logit field's energy ranks of a :func:`head_ranks` row."""
+    row = {}
+    for tau in taus:
+        label = format(100 * tau, "g")
+        row[f"kernel_energy_rank_{label}"] = ranks_row[f"kernel_energy_rank_{label}"]
+        row[f"field_energy_rank_{label}"] = ranks_row[f"field_energy_rank_{label}"]
+    return row
+
+
+def _data_only_ranks(layer, g, X, Y, causal, reason):
+    """The data-only estimates of a head's rank from its windows ``X`` and outputs ``Y``:
+    value map unknown, and known (``W_V^T`` of key head ``g``, its bias taken off the
+    outputs), NaN when ``reason`` says why it is not run."""
+    import warnings
+
+    from .. import IntrinsicRankEstimator
+    from ..exceptions import RankEstimationWarning
+
+    mask = "causal" if causal else None
+    with warnings.catch_warnings():
+        # The caveats (softmax linearised, finite windows) are the point measured here.
+        warnings.simplefilter("ignore", RankEstimationWarning)
+        # Only the ranks are measured: no lack-of-fit check (and its refits).
+        unknown = IntrinsicRankEstimator(
+            operator="attention", attention="softmax", value=None,
+            mask=mask, lack_of_fit=False).fit(X, Y).rank_
+        if reason:
+            return unknown, np.nan
+        bias = 0.0 if layer.b_v is None else layer.b_v[g]
+        known = IntrinsicRankEstimator(
+            operator="attention", attention="softmax", value=layer.w_v[g].T,
+            mask=mask, lack_of_fit=False).fit(X, Y - bias).rank_
+    return unknown, known
+
+
 def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, window=16,
                     taus=(0.9,), max_memory=2 ** 31, max_length=64, batch_size=32):
     """Rank predictors of every head, from its weights, its logit field and its data alone.
@@ -86,10 +160,9 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
         ``data_only_value_unknown``, ``data_only_value_known``, ``known_reason``; metadata
         ``window``, ``n_windows``, ``seconds``.
     """
-    torch = require("torch")
-    from .. import IntrinsicRankEstimator
     from ._ranks import head_ranks
 
+    require("torch")
     model, tokenizer = model_source(model, tokenizer)
     texts = check_texts(texts, "texts")
     if isinstance(window, bool) or not isinstance(window, Integral) or window < 2:
@@ -106,57 +179,19 @@ def head_predictors(model, texts, *, tokenizer=None, layers=None, heads=None, wi
     d = all_layers[0].w_q.shape[1]
     rows, n_windows = [], 0
     for layer in chosen:
-        seqs, rots = capture_inputs(model, [layer], texts, tokenizer, rotary=rotary,
-                                    max_length=max_length, batch_size=batch_size,
-                                    stop_early=True)
-        keep = [i for i, x in enumerate(seqs[0]) if len(x) >= window]
-        if len(keep) < 2:
-            raise ValueError(f"Fewer than 2 texts have `window`={window} tokens; lower it.")
-        X = np.stack([seqs[0][i][:window] for i in keep])
+        X, rot = _layer_windows(model, layer, texts, tokenizer, window, rotary, theta,
+                                max_length, batch_size)
         n_windows = len(X)
         span = np.linalg.matrix_rank(X.reshape(-1, d))  # the kernel's identifiable side
-        rot = None
-        if rotary:
-            base = theta if layer.rope_theta is None else layer.rope_theta
-            tables = [rots[0][i] if rots[0] and rots[0][i] is not None
-                      else rope_tables(len(seqs[0][i]), layer.head_dim, base) for i in keep]
-            rot = [(c[:window], s[:window]) for c, s in tables]
-        batches = HeadBatches(list(X), rot, causal, torch.float64, window=layer.window)
-        wq, wk, wv = augmented_weights(layer)
-        order = np.argsort([window] * len(X), kind="stable")  # HeadBatches keeps this order
+        outputs = _head_outputs(layer, head_list, X, rot, causal, window)
         for h in head_list:
             g = int(layer.kv_index[h])
-            head = HeadModel(layer, h, (wq, wk, wv))
-            with torch.no_grad():
-                outs = [head.output(grp).numpy() for grp in batches.groups]
-            Y = np.concatenate(outs)[np.argsort(order)]
-            row = {"layer": layer.index, "head": h}
-            base = by_head[(layer.index, h)]
-            for tau in taus:
-                label = format(100 * tau, "g")
-                row[f"kernel_energy_rank_{label}"] = base[f"kernel_energy_rank_{label}"]
-                row[f"field_energy_rank_{label}"] = base[f"field_energy_rank_{label}"]
-            import warnings
-
-            from ..exceptions import RankEstimationWarning
-
-            mask = "causal" if causal else None
+            row = {"layer": layer.index, "head": h,
+                   **_energy_ranks(by_head[(layer.index, h)], taus)}
             reason = _known_value_reason(d, n_windows, window, span,
                                          np.linalg.matrix_rank(layer.w_v[g]), causal, max_memory)
-            with warnings.catch_warnings():
-                # The caveats (softmax linearised, finite windows) are the point measured here.
-                warnings.simplefilter("ignore", RankEstimationWarning)
-                # Only the ranks are measured: no lack-of-fit check (and its refits).
-                row["data_only_value_unknown"] = IntrinsicRankEstimator(
-                    operator="attention", attention="softmax", value=None,
-                    mask=mask, lack_of_fit=False).fit(X, Y).rank_
-                if reason:
-                    row["data_only_value_known"] = np.nan
-                else:
-                    bias = 0.0 if layer.b_v is None else layer.b_v[g]
-                    row["data_only_value_known"] = IntrinsicRankEstimator(
-                        operator="attention", attention="softmax", value=layer.w_v[g].T,
-                        mask=mask, lack_of_fit=False).fit(X, Y - bias).rank_
+            row["data_only_value_unknown"], row["data_only_value_known"] = _data_only_ranks(
+                layer, g, X, outputs[h], causal, reason)
             row["known_reason"] = reason
             rows.append(row)
     return ResultTable(rows, window=window, n_windows=n_windows,
@@ -204,4 +239,3 @@ def predictor_agreement(predictors, deficiency, *, epsilons=None, reference="tra
                          "mean_bias": float(np.mean(diff)) if ok.any() else np.nan,
                          "n_heads": int(ok.sum())})
     return ResultTable(rows, reference=reference)
-

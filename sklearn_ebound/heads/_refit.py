@@ -98,19 +98,11 @@ def refit_heads(model, plan, texts, *, tokenizer=None, train_steps=15, shrinkage
 
     Examples
     --------
-    >>> import transformers, torch
-    >>> from sklearn_ebound.heads import docstring_sentences, refit_heads
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1,
-    ...                                  num_attention_heads=2, intermediate_size=16)
-    >>> model = transformers.BertModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:6]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 6, dtype=torch.long)}
-    >>> tokenize.pad_token = "[PAD]"
-    >>> texts = [s for s in docstring_sentences(["json"]) if len(s.split()) >= 6][:8]
-    >>> refit = refit_heads(model, {(0, 0): 2, (0, 1): 3}, texts, tokenizer=tokenize,
+    >>> import torch
+    >>> from sklearn_ebound.heads import docstring_sentences, make_tiny_transformer, refit_heads
+    >>> model, tokenizer = make_tiny_transformer("bert")
+    >>> texts = docstring_sentences(["json"])[:8]
+    >>> refit = refit_heads(model, {(0, 0): 2, (0, 1): 3}, texts, tokenizer=tokenizer,
     ...                     train_steps=2)
     >>> int(torch.linalg.matrix_rank(refit.encoder.layer[0].attention.self.query.weight[:8]))
     2

@@ -186,6 +186,137 @@ def _next_token_loss(logits, batch, labels, generator):
     return torch.nn.functional.cross_entropy(pred, target, reduction="sum"), int(keep.sum())
 
 
+class _HeadTaps:
+    """Within ``with``: each layer's head outputs ``o`` (the input of its attention output
+    projection) and queries ``q`` (where the rank-``r`` forms act: after any normalisation,
+    before the rotation) tapped on the forward pass, the model's parameters frozen and the
+    model in eval mode; all restored on exit.
+
+    Each tap adds a zero ``z`` that requires grad, ``o + z``: after ``backward`` the gradient
+    of ``z`` is ``dL / do``, whatever requires grad upstream.
+    """
+
+    def __init__(self, model, family, layers):
+        self.model, self.family, self.layers = model, family, layers
+        self.d_h, n_heads = layers[0].head_dim, layers[0].n_heads
+        self.zeros, self.outputs, self.query_zeros, self.queries = {}, {}, {}, {}
+        # each head's query entries in its layer's query projection's output
+        self.query_slots = [[family.slots(layer, h, int(layer.kv_index[h]))[0]
+                             for h in range(n_heads)] for layer in layers]
+        self.sites = [family.query_site(layer) for layer in layers]
+
+    def _output_hook(self, li):
+        torch = require("torch")
+
+        def hook(module, args):
+            # o + z with z = 0: dL/dz is dL/do, whatever requires grad upstream
+            z = torch.zeros_like(args[0], requires_grad=True)
+            self.zeros[li], self.outputs[li] = z, args[0].detach()
+            return (args[0] + z, *args[1:])
+        return hook
+
+    def _query_hook(self, li):
+        torch = require("torch")
+
+        def hook(module, args, output):
+            z = torch.zeros_like(output, requires_grad=True)
+            self.query_zeros[li], self.queries[li] = z, output.detach()
+            return output + z
+        return hook
+
+    def __enter__(self):
+        model = self.model
+        self.params = list(model.parameters())
+        self.flags = [p.requires_grad for p in self.params]
+        self.mode = model.training
+        self.handles = [model.get_submodule(self.family.output_module(layer))
+                        .register_forward_pre_hook(self._output_hook(li))
+                        for li, layer in enumerate(self.layers)]
+        self.handles += [model.get_submodule(self.sites[li][0]).register_forward_hook(
+            self._query_hook(li)) for li in range(len(self.layers))]
+        try:
+            for p in self.params:
+                p.requires_grad_(False)
+            model.eval()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        for p, flag in zip(self.params, self.flags, strict=True):
+            p.requires_grad_(flag)
+        self.model.train(self.mode)
+        return False
+
+    def clear(self):
+        """Forget the last batch's head outputs."""
+        self.zeros.clear()
+        self.outputs.clear()
+
+    def head_columns(self, t, li, valid):
+        """``(T, n_heads, d_h)``: each head's entries of the query output at the real tokens."""
+        torch = require("torch")
+        if self.sites[li][1]:  # (b, n_heads, n, d_h)
+            return t.transpose(1, 2)[valid].double()
+        return torch.stack([t[..., slot.start:slot.start + self.d_h]
+                            for slot in self.query_slots[li]], -2)[valid].double()
+
+
+class _SensitivitySums:
+    """The sums over the texts' real tokens of ``||dL / d o_t||^2`` and ``||o_t||^2`` per
+    head, and of ``q_t^T dL / d q_t`` per head on the even and the odd texts apart."""
+
+    def __init__(self, n_layers, n_heads, d_h):
+        self.n_heads, self.d_h = n_heads, d_h
+        self.fisher = np.zeros((n_layers, n_heads))
+        self.energy = np.zeros((n_layers, n_heads))
+        self.query_gradient = np.zeros((2, n_layers, n_heads, d_h, d_h))  # even, odd texts
+        self.half_tokens = np.zeros(2, dtype=int)
+        self.n_tokens = 0
+
+    def add(self, taps, valid, first):
+        """Add a batch after its backward pass (``valid``: its real tokens; ``first``: the
+        position of its first text among all)."""
+        torch = require("torch")
+        n_heads, d_h = self.n_heads, self.d_h
+        # which half each real token's text is in (by the text's position)
+        odd = ((first + torch.arange(valid.shape[0])) % 2)[:, None].expand_as(valid)
+        odd = odd[valid]
+        for li in range(len(self.fisher)):
+            g = taps.zeros[li].grad.double().reshape(*valid.shape, n_heads, d_h)[valid]
+            o = taps.outputs[li].double().reshape(*valid.shape, n_heads, d_h)[valid]
+            self.fisher[li] += (g ** 2).sum((0, 2)).numpy()
+            self.energy[li] += (o ** 2).sum((0, 2)).numpy()
+            q = taps.head_columns(taps.queries[li], li, valid)
+            gq = taps.head_columns(taps.query_zeros[li].grad, li, valid)
+            for half in (0, 1):
+                keep = odd == half
+                self.query_gradient[half, li] += torch.einsum(
+                    "thi,thj->hij", q[keep], gq[keep]).numpy()
+        for half in (0, 1):
+            self.half_tokens[half] += int((odd == half).sum())
+        self.n_tokens += int(valid.sum())
+
+    def result(self, family, layers, labels, n_texts, loss):
+        """The means per token: ``w_h = 1/2 E ||g||^2 E ||o||^2 / d_h`` and ``M_h`` per half."""
+        d_h, n_tokens = self.d_h, self.n_tokens
+        fisher, energy = self.fisher / n_tokens, self.energy / n_tokens
+        rows = [{"layer": layer.index, "head": h, "fisher": float(fisher[li, h]),
+                 "energy": float(energy[li, h]),
+                 "weight": float(0.5 * fisher[li, h] * energy[li, h] / d_h)}
+                for li, layer in enumerate(layers) for h in range(self.n_heads)]
+        result = HeadSensitivityResult(rows, naming=family.name, head_dim=d_h,
+                                       labels=labels, n_texts=n_texts, n_tokens=n_tokens,
+                                       loss=loss)
+        result.query_gradient = self.query_gradient / np.maximum(
+            self.half_tokens, 1)[:, None, None, None, None]
+        result.half_tokens = self.half_tokens
+        return result
+
+
 def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=64,
                      batch_size=8, random_state=0):
     """Fisher weight of every head's output in a causal language model's next-token loss.
@@ -228,17 +359,10 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
 
     Examples
     --------
-    >>> import transformers, torch
-    >>> from sklearn_ebound.heads import head_sensitivity
-    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-    <...>
-    >>> config = transformers.GPT2Config(vocab_size=30, n_embd=16, n_layer=2, n_head=2)
-    >>> model = transformers.GPT2LMHeadModel(config)
-    >>> tokenize = lambda texts, **kw: {  # a stand-in tokenizer: one id per word
-    ...     "input_ids": torch.tensor([[1 + len(w) % 29 for w in t.split()[:4]] for t in texts]),
-    ...     "attention_mask": torch.ones(len(texts), 4, dtype=torch.long)}
+    >>> from sklearn_ebound.heads import head_sensitivity, make_tiny_transformer
+    >>> model, tokenizer = make_tiny_transformer("gpt2", n_layers=2)
     >>> sens = head_sensitivity(model, ["one two three four", "five six seven eight"],
-    ...                         tokenizer=tokenize)
+    ...                         tokenizer=tokenizer)
     >>> len(sens.rows), bool((sens.column("weight") > 0).all())
     (4, True)
     """
@@ -256,101 +380,24 @@ def head_sensitivity(model, texts, *, tokenizer=None, labels="data", max_length=
                          f"language-model head); got {type(model).__name__}. Plan an encoder "
                          "or a bare decoder with allocation='greedy'.")
     family, layers, _ = layers_of(model)
-    n_heads, d_h = layers[0].n_heads, layers[0].head_dim
-    fisher = np.zeros((len(layers), n_heads))
-    energy = np.zeros((len(layers), n_heads))
-    query_gradient = np.zeros((2, len(layers), n_heads, d_h, d_h))  # even, odd texts
-    half_tokens = np.zeros(2, dtype=int)
-    zeros, outputs, query_zeros, queries = {}, {}, {}, {}
-    # each head's query entries in its layer's query projection's output
-    query_slots = [[family.slots(layer, h, int(layer.kv_index[h]))[0] for h in range(n_heads)]
-                   for layer in layers]
-
-    def hook_for(li):
-        def hook(module, args):
-            # o + z with z = 0: dL/dz is dL/do, whatever requires grad upstream
-            z = torch.zeros_like(args[0], requires_grad=True)
-            zeros[li], outputs[li] = z, args[0].detach()
-            return (args[0] + z, *args[1:])
-        return hook
-
-    def query_hook_for(li):
-        def hook(module, args, output):
-            z = torch.zeros_like(output, requires_grad=True)
-            query_zeros[li], queries[li] = z, output.detach()
-            return output + z
-        return hook
-
-    # where the rank-r forms act on the queries: after any normalisation, before the rotation
-    sites = [family.query_site(layer) for layer in layers]
-
-    def head_columns(t, li, valid):
-        """``(T, n_heads, d_h)``: each head's entries of the query output at the real tokens."""
-        if sites[li][1]:  # (b, n_heads, n, d_h)
-            return t.transpose(1, 2)[valid].double()
-        return torch.stack([t[..., slot.start:slot.start + d_h] for slot in query_slots[li]],
-                           -2)[valid].double()
-
+    sums = _SensitivitySums(len(layers), layers[0].n_heads, layers[0].head_dim)
     generator = torch.Generator().manual_seed(int(random_state))
-    params = list(model.parameters())
-    flags = [p.requires_grad for p in params]
-    mode = model.training
-    handles = [model.get_submodule(family.output_module(layer)).register_forward_pre_hook(
-        hook_for(li)) for li, layer in enumerate(layers)]
-    handles += [model.get_submodule(sites[li][0]).register_forward_hook(
-        query_hook_for(li)) for li in range(len(layers))]
-    total_loss, n_pred, n_tokens, n_seen = 0.0, 0, 0, 0
-    try:
-        for p in params:
-            p.requires_grad_(False)
-        model.eval()
-        with torch.enable_grad():
-            for batch in token_batches(tokenizer, texts, max_length, batch_size):
-                zeros.clear()
-                outputs.clear()
-                loss, n = _next_token_loss(model(**batch).logits, batch, labels, generator)
-                valid = batch["attention_mask"].bool()
-                first = n_seen
-                n_seen += valid.shape[0]
-                if n == 0:
-                    continue
-                loss.backward()
-                # which half each real token's text is in (by the text's position)
-                odd = ((first + torch.arange(valid.shape[0])) % 2)[:, None].expand_as(valid)
-                odd = odd[valid]
-                for li in range(len(layers)):
-                    g = zeros[li].grad.double().reshape(*valid.shape, n_heads, d_h)[valid]
-                    o = outputs[li].double().reshape(*valid.shape, n_heads, d_h)[valid]
-                    fisher[li] += (g ** 2).sum((0, 2)).numpy()
-                    energy[li] += (o ** 2).sum((0, 2)).numpy()
-                    q = head_columns(queries[li], li, valid)
-                    gq = head_columns(query_zeros[li].grad, li, valid)
-                    for half in (0, 1):
-                        keep = odd == half
-                        query_gradient[half, li] += torch.einsum(
-                            "thi,thj->hij", q[keep], gq[keep]).numpy()
-                for half in (0, 1):
-                    half_tokens[half] += int((odd == half).sum())
-                total_loss += float(loss.detach())
-                n_pred += n
-                n_tokens += int(valid.sum())
-    finally:
-        for handle in handles:
-            handle.remove()
-        for p, flag in zip(params, flags, strict=True):
-            p.requires_grad_(flag)
-        model.train(mode)
+    total_loss, n_pred, n_seen = 0.0, 0, 0
+    # One forward and one backward pass per batch: the taps hold each head's output and query
+    # and, after the backward pass, the loss's gradients in them.
+    with _HeadTaps(model, family, layers) as taps, torch.enable_grad():
+        for batch in token_batches(tokenizer, texts, max_length, batch_size):
+            taps.clear()
+            loss, n = _next_token_loss(model(**batch).logits, batch, labels, generator)
+            valid = batch["attention_mask"].bool()
+            first = n_seen
+            n_seen += valid.shape[0]
+            if n == 0:
+                continue
+            loss.backward()
+            sums.add(taps, valid, first)
+            total_loss += float(loss.detach())
+            n_pred += n
     if n_pred == 0:
         raise ValueError("`texts` hold no token to predict (each needs at least two tokens).")
-    fisher, energy = fisher / n_tokens, energy / n_tokens
-    rows = [{"layer": layer.index, "head": h, "fisher": float(fisher[li, h]),
-             "energy": float(energy[li, h]),
-             "weight": float(0.5 * fisher[li, h] * energy[li, h] / d_h)}
-            for li, layer in enumerate(layers) for h in range(n_heads)]
-    result = HeadSensitivityResult(rows, naming=family.name, head_dim=d_h, labels=labels,
-                                   n_texts=len(texts), n_tokens=n_tokens,
-                                   loss=total_loss / n_pred)
-    result.query_gradient = query_gradient / np.maximum(half_tokens, 1)[:, None, None, None,
-                                                                         None]
-    result.half_tokens = half_tokens
-    return result
+    return sums.result(family, layers, labels, len(texts), total_loss / n_pred)

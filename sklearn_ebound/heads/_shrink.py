@@ -197,6 +197,43 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
     return out
 
 
+def _plane_normal_equations(q, k, allowed, kept, scaling):
+    """The weighted least-squares normal equations ``(gram, rhs)`` of one key head's group of
+    query heads, ``(heads, 2 m, 2 m)`` and ``(heads, 2 m)`` for its ``m`` kept planes.
+
+    ``q``: the group's rotated queries ``(b, heads, n, d_h)``, ``k`` the key head's ``(b, 1, n,
+    d_h)``. The features of ``(i, j)`` are ``c_f = q_f . k_f`` and ``s_f = (J q_f) . k_f``
+    (scaled), the target the original logit ``l_ij``; both centred under the attention
+    ``p_ij`` of row ``i``: ``gram = sum p (x - E_p x)(x - E_p x)^T``, ``rhs = sum p (x - E_p
+    x)(l - E_p l)``.
+    """
+    torch = require("torch")
+    half = q.shape[-1] // 2
+    logits = (q @ k.transpose(-1, -2)) * scaling
+    p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
+    p = torch.nan_to_num(p) * allowed  # padding rows: no weight
+    f = torch.as_tensor(kept)
+    qa, qb = q[..., f], q[..., f + half]
+    ka, kb = k[..., f][:, :, None], k[..., f + half][:, :, None]
+    qa, qb = qa[..., :, None, :], qb[..., :, None, :]
+    features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * scaling
+    centred = features - (p[..., None] * features).sum(-2, keepdim=True)
+    target = logits - (p * logits).sum(-1, keepdim=True)
+    gram = torch.einsum("bhij,bhijk,bhijl->hkl", p, centred, centred)
+    rhs = torch.einsum("bhij,bhijk,bhij->hk", p, centred, target)
+    return gram, rhs
+
+
+def _solve_plane_map(gram, rhs):
+    """``(a, b)`` solving one head's normal equations, with a ridge of ``1e-9`` times the mean
+    diagonal pulling towards ``a = 1, b = 0`` (the planes as they are)."""
+    m = len(rhs) // 2
+    start = np.concatenate([np.ones(m), np.zeros(m)])  # the planes as they are
+    ridge = 1e-9 * max(np.trace(gram) / len(rhs), np.finfo(float).tiny)
+    theta = np.linalg.solve(gram + ridge * np.eye(len(rhs)), rhs + ridge * start)
+    return theta[:m], theta[m:]
+
+
 def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8):
     """The scaled rotation of each kept plane of every query head that best makes up for the
     planes dropped: ``{(layer index, head): (a, b)}``, each ``(len(planes of its key head),)``.
@@ -239,20 +276,8 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
             for g, kept in enumerate(planes[layer.index]):
                 if not kept:
                     continue
-                heads = slice(g * group, (g + 1) * group)
-                kg = k[:, g:g + 1]
-                logits = (q[:, heads] @ kg.transpose(-1, -2)) * scaling
-                p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
-                p = torch.nan_to_num(p) * allowed  # padding rows: no weight
-                f = torch.as_tensor(kept)
-                qa, qb = q[:, heads][..., f], q[:, heads][..., f + half]
-                ka, kb = kg[..., f][:, :, None], kg[..., f + half][:, :, None]
-                qa, qb = qa[..., :, None, :], qb[..., :, None, :]
-                features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * scaling
-                centred = features - (p[..., None] * features).sum(-2, keepdim=True)
-                target = logits - (p * logits).sum(-1, keepdim=True)
-                gram = torch.einsum("bhij,bhijk,bhijl->hkl", p, centred, centred)
-                rhs = torch.einsum("bhij,bhijk,bhij->hk", p, centred, target)
+                gram, rhs = _plane_normal_equations(q[:, g * group:(g + 1) * group],
+                                                    k[:, g:g + 1], allowed, kept, scaling)
                 for i, h in enumerate(range(g * group, (g + 1) * group)):
                     old = systems.get((layer.index, h), (0.0, 0.0))
                     systems[(layer.index, h)] = (old[0] + gram[i].numpy(),
@@ -273,14 +298,7 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
         model.train(was_training)
         for handle in hooks:
             handle.remove()
-    maps = {}
-    for (layer_index, head), (gram, rhs) in systems.items():
-        m = len(rhs) // 2
-        start = np.concatenate([np.ones(m), np.zeros(m)])  # the planes as they are
-        ridge = 1e-9 * max(np.trace(gram) / len(rhs), np.finfo(float).tiny)
-        theta = np.linalg.solve(gram + ridge * np.eye(len(rhs)), rhs + ridge * start)
-        maps[(layer_index, head)] = (theta[:m], theta[m:])
-    return maps
+    return {key: _solve_plane_map(gram, rhs) for key, (gram, rhs) in systems.items()}
 
 
 def fold_plane_maps(compressed, planes, maps):

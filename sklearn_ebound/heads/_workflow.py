@@ -10,6 +10,7 @@ perplexity and next-token KL of a causal language model, the sentence-embedding 
 any other model. The report is a :class:`CompressionReport`.
 """
 
+from dataclasses import dataclass
 from numbers import Integral, Real
 from pathlib import Path
 
@@ -207,6 +208,59 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     if len(texts) < 4:
         raise ValueError(f"`texts` must hold at least 4 non-empty texts. Got {len(texts)}.")
     language_model = is_language_model(model)
+    allocation, train_steps, refine, refit = _resolve_auto(language_model, allocation,
+                                                           train_steps, refine, refit)
+    rotary_shrunk = form == "shrunk" and check_shrinkable(model)
+    if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
+        raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
+                         "original maps: it takes no trained pairs, refinement nor refit "
+                         "(`train_steps=0`, `refine='none'`, `refit='none'`; or "
+                         "`form='query'`).")
+    epsilons = (0.01, 0.05, 0.1) if eps is None else tuple(sorted({0.01, 0.05, 0.1, eps}))
+    job = _Job(model, tokenizer, texts, language_model, train_steps, refine, max_length,
+               random_state, progress, on_layer, checkpoint,
+               common=dict(tokenizer=tokenizer, calibration=calibration, epsilons=epsilons,
+                           max_length=max_length, random_state=random_state))
+    methods = ("data",) if language_model else ("weight", "data")
+    result = _curves(job, "deficiency_layers", "deficiency curves", methods=methods)
+    kept = {"curves": len(result.resumed_layers)}
+    calibration_texts = [texts[i] for i in result.calibration_index]
+    plan, sensitivity = _plan(job, result, calibration_texts, budget, eps, allocation)
+    method = "data"
+    if train_steps:
+        # Second pass: the planned ranks trained, so that the compressed heads are the
+        # achievable pairs at those ranks.
+        result = _curves(job, "trained_layers", "training heads", train_at=plan,
+                         train_steps=train_steps)
+        kept["trained pairs"] = len(result.resumed_layers)
+        method = "trained"
+    compressed, channels = _compressed(job, result, plan, method, sensitivity,
+                                       calibration_texts, rotary_shrunk, fit_planes, form)
+    evaluation = [texts[i] for i in result.evaluation_index]
+    fidelity = _fidelity(model, compressed, evaluation, tokenizer, max_length, language_model)
+    written = compressed
+    if refit == "all":  # the same fit on every line, now that the split has judged it
+        written = _refined(job, refit_heads(model, plan, texts, tokenizer=tokenizer,
+                                            train_steps=train_steps, max_length=max_length,
+                                            progress=_stage(progress, "refitting heads")),
+                           plan, texts)
+        fidelity["refit_lines"] = len(texts)
+    if out is not None:
+        _write(written, channels, Path(out), form, tokenizer)
+    sizes = qk_sizes(model, channels)
+    return written, CompressionReport(
+        _per_head(result, plan, train_steps), deficiency=result, plan=plan, fidelity=fidelity,
+        language_model=language_model, methods=methods, budget=budget, eps=eps,
+        allocation=plan.allocation, train_steps=train_steps, refine=refine, refit=refit,
+        form=form, fit_planes=fit_planes and rotary_shrunk, kept=kept, channels=channels,
+        out=None if out is None else str(out),
+        measured_distillation=getattr(compressed, "distillation_", None),
+        written_distillation=getattr(written, "distillation_", None), **sizes)
+
+
+def _resolve_auto(language_model, allocation, train_steps, refine, refit):
+    """``(allocation, train_steps, refine, refit)`` with ``"auto"`` read for the model's kind
+    (``LANGUAGE_MODEL_AUTO``, ``ENCODER_AUTO``; the Fisher allocation for a language model)."""
     auto = LANGUAGE_MODEL_AUTO if language_model else ENCODER_AUTO
     train_steps = auto["train_steps"] if train_steps == "auto" else int(train_steps)
     refine = auto["refine"] if refine == "auto" else refine
@@ -217,98 +271,100 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         raise ValueError(f"`allocation={allocation!r}` prices the heads by a next-token loss: "
                          "it needs a causal language model with its head (use 'greedy' or "
                          "'uniform').")
-    rotary_shrunk = form == "shrunk" and check_shrinkable(model)
-    if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
-        raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
-                         "original maps: it takes no trained pairs, refinement nor refit "
-                         "(`train_steps=0`, `refine='none'`, `refit='none'`; or "
-                         "`form='query'`).")
-    epsilons = (0.01, 0.05, 0.1) if eps is None else tuple(sorted({0.01, 0.05, 0.1, eps}))
-    common = dict(tokenizer=tokenizer, calibration=calibration, epsilons=epsilons,
-                  max_length=max_length, random_state=random_state)
-    methods = ("data",) if language_model else ("weight", "data")
+    return allocation, train_steps, refine, refit
 
-    def curves(folder, label, **kwargs):
-        return head_deficiency(model, texts, progress=_stage(progress, label),
-                               on_layer=_stage(on_layer, label),
-                               checkpoint=None if checkpoint is None else
-                               Path(checkpoint) / folder, **common, **kwargs)
 
-    result = curves("deficiency_layers", "deficiency curves", methods=methods)
-    kept = {"curves": len(result.resumed_layers)}
-    calibration_texts = [texts[i] for i in result.calibration_index]
-    sensitivity = None
+@dataclass(frozen=True)
+class _Job:
+    """What the steps of one :func:`compress_model` call share: the model and its text,
+    the settings as resolved, the callbacks, and the options every curve is measured with."""
+
+    model: object
+    tokenizer: object
+    texts: list
+    language_model: bool
+    train_steps: int
+    refine: str
+    max_length: int
+    random_state: object
+    progress: object
+    on_layer: object
+    checkpoint: object
+    common: dict
+
+
+def _curves(job, folder, label, **kwargs):
+    """:func:`head_deficiency` on the job's text, resumable from ``checkpoint/folder``."""
+    return head_deficiency(job.model, job.texts, progress=_stage(job.progress, label),
+                           on_layer=_stage(job.on_layer, label),
+                           checkpoint=None if job.checkpoint is None else
+                           Path(job.checkpoint) / folder, **job.common, **kwargs)
+
+
+def _plan(job, result, calibration_texts, budget, eps, allocation):
+    """The plan of the measured curves, and the Fisher weights it was priced by (``None``
+    unless ``allocation`` is ``"fisher"`` or ``"taylor"``)."""
     if eps is not None:
-        plan = plan_ranks(result, eps=eps, method="data")
-    else:
-        if allocation in ("fisher", "taylor"):
-            # The Fisher weights from the calibration half only: the evaluation half judges.
-            sensitivity = head_sensitivity(model, calibration_texts, tokenizer=tokenizer,
-                                           max_length=max_length)
-        plan = plan_ranks(result, budget=budget, method="data", allocation=allocation,
-                          sensitivity=sensitivity)
-    method = "data"
-    if train_steps:
-        # Second pass: the planned ranks trained, so that the compressed heads are the
-        # achievable pairs at those ranks.
-        result = curves("trained_layers", "training heads", train_at=plan,
-                        train_steps=train_steps)
-        kept["trained pairs"] = len(result.resumed_layers)
-        method = "trained"
+        return plan_ranks(result, eps=eps, method="data"), None
+    sensitivity = None
+    if allocation in ("fisher", "taylor"):
+        # The Fisher weights from the calibration half only: the evaluation half judges.
+        sensitivity = head_sensitivity(job.model, calibration_texts, tokenizer=job.tokenizer,
+                                       max_length=job.max_length)
+    plan = plan_ranks(result, budget=budget, method="data", allocation=allocation,
+                      sensitivity=sensitivity)
+    return plan, sensitivity
 
-    def refined(compressed, lines):
-        if refine == "sequential":
-            return refine_compressed(model, compressed, plan, lines, tokenizer=tokenizer,
-                                     train_steps=train_steps or 15, max_length=max_length,
-                                     progress=_stage(progress, "refining heads"))
-        if refine != "distill":
-            return compressed
-        bar = _stage(progress, "distilling (epochs)")
-        distilled = distill_compressed(
-            model, compressed, plan, lines, tokenizer=tokenizer,
-            objective="next_token" if language_model else "embedding",
-            max_length=max_length, random_state=random_state, progress=bar)
-        if bar is not None:
-            bar(1, 1)  # early stopping may end before the last epoch
-        return distilled
 
+def _refined(job, compressed, plan, lines):
+    """``compressed`` after the job's refinement on ``lines``: re-fitted layer by layer
+    (``"sequential"``), distilled end to end (``"distill"``), or as it is."""
+    if job.refine == "sequential":
+        return refine_compressed(job.model, compressed, plan, lines, tokenizer=job.tokenizer,
+                                 train_steps=job.train_steps or 15, max_length=job.max_length,
+                                 progress=_stage(job.progress, "refining heads"))
+    if job.refine != "distill":
+        return compressed
+    bar = _stage(job.progress, "distilling (epochs)")
+    distilled = distill_compressed(
+        job.model, compressed, plan, lines, tokenizer=job.tokenizer,
+        objective="next_token" if job.language_model else "embedding",
+        max_length=job.max_length, random_state=job.random_state, progress=bar)
+    if bar is not None:
+        bar(1, 1)  # early stopping may end before the last epoch
+    return distilled
+
+
+def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
+                fit_planes, form):
+    """The compressed model and the channels it keeps (``None`` for ``form="query"``): whole
+    rotary planes per key head (their scaled rotations fitted with ``fit_planes``), or each
+    head's planned rank-``r`` form, refined on the calibration half."""
+    model, tokenizer = job.model, job.tokenizer
     if rotary_shrunk:
         planes = plane_plan(model, plan, calibration_texts, tokenizer=tokenizer,
-                            sensitivity=sensitivity, max_length=max_length)
+                            sensitivity=sensitivity, max_length=job.max_length)
         channels = kept_channels(model, planes=planes)
         compressed = zero_dropped(model, channels)
         if fit_planes:
             fold_plane_maps(compressed, planes, plane_maps(
-                model, planes, calibration_texts, tokenizer=tokenizer, max_length=max_length))
+                model, planes, calibration_texts, tokenizer=tokenizer,
+                max_length=job.max_length))
+        return compressed, channels
+    compressed = _refined(job, compress_heads(model, result, plan, method=method), plan,
+                          calibration_texts)
+    return compressed, kept_channels(model, plan=plan) if form == "shrunk" else None
+
+
+def _write(written, channels, target, form, tokenizer):
+    """Write the model and its tokenizer to ``target``: shrunk to the kept widths, or in the
+    model's own class."""
+    if form == "shrunk":
+        save_shrunk(written, channels, target, tokenizer=tokenizer)
     else:
-        compressed = refined(compress_heads(model, result, plan, method=method),
-                             calibration_texts)
-        channels = kept_channels(model, plan=plan) if form == "shrunk" else None
-    evaluation = [texts[i] for i in result.evaluation_index]
-    fidelity = _fidelity(model, compressed, evaluation, tokenizer, max_length, language_model)
-    written = compressed
-    if refit == "all":  # the same fit on every line, now that the split has judged it
-        written = refined(refit_heads(model, plan, texts, tokenizer=tokenizer,
-                                      train_steps=train_steps, max_length=max_length,
-                                      progress=_stage(progress, "refitting heads")), texts)
-        fidelity["refit_lines"] = len(texts)
-    if out is not None:
-        target = Path(out)
-        if form == "shrunk":
-            save_shrunk(written, channels, target, tokenizer=tokenizer)
-        else:
-            target.mkdir(parents=True, exist_ok=True)
-            written.save_pretrained(target)
-            tokenizer.save_pretrained(target)
-    sizes = qk_sizes(model, channels)
-    return written, CompressionReport(
-        _per_head(result, plan, train_steps), deficiency=result, plan=plan, fidelity=fidelity,
-        language_model=language_model, methods=methods, budget=budget, eps=eps,
-        allocation=plan.allocation, train_steps=train_steps, refine=refine, refit=refit,
-        form=form, fit_planes=fit_planes and rotary_shrunk, kept=kept, channels=channels,
-        out=None if out is None else str(out),
-        measured_distillation=getattr(compressed, "distillation_", None),
-        written_distillation=getattr(written, "distillation_", None), **sizes)
+        target.mkdir(parents=True, exist_ok=True)
+        written.save_pretrained(target)
+        tokenizer.save_pretrained(target)
 
 
 def _per_head(result, plan, train_steps):
