@@ -31,6 +31,7 @@ alone, the refusal recorded. Torch runs on ``--threads`` threads (the JSON says 
 """
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -46,6 +47,7 @@ PACKAGE = "sklearn-ebound (planes)"
 PALU = "Palu (latent keys)"
 THINK = "ThinK (pairs)"
 METHODS = (PACKAGE, PALU, THINK)
+EAGER = "original, eager attention"
 QK_MODULES = (".q_proj.", ".k_proj.", ".k_latent.", ".k_up.")
 # What the issue asks of the package's form on SmolLM2-135M, by budget:
 # (key-cache ratio at most, decode ratio at least, perplexity ratio at most, mean KL at most)
@@ -196,6 +198,9 @@ def table(report):
                      f"{row['key_cache_ratio']:>9.3f}x{row['prefill_ratio']:>8.3f}x"
                      f"{row['decode_ratio']:>7.3f}x{row['perplexity_ratio']:>7.3f}x"
                      f"{row['mean_kl']:>8.4f}")
+    for row in report.get("original_eager", []):
+        lines.append(f"{row['budget']:>6g}  {EAGER:<24}{'':>11}{'':>10}"
+                     f"{row['prefill_ratio']:>8.3f}x{row['decode_ratio']:>7.3f}x")
     for refusal in report.get("refused", []):
         lines.append(f"refused: {refusal}")
     for target in report.get("targets", []):
@@ -206,35 +211,37 @@ def table(report):
 
 
 def plot(report, path):
-    """Two panels: perplexity ratio against key-cache ratio, and decode tokens/s ratio, for
-    the compressed model and each peer."""
+    """Three panels: perplexity ratio against key-cache ratio, and the prefill and decode
+    tokens/s ratios, for the compressed model and each peer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (left, *bars) = plt.subplots(1, 3, figsize=(12, 3.6))
     budgets = sorted({row["budget"] for row in report["rows"]}, reverse=True)
-    width = 0.8 / max(len(METHODS), 1)
+    width = 0.8 / len(METHODS)
     for i, method in enumerate(METHODS):
         rows = sorted((r for r in report["rows"] if r["method"] == method),
                       key=lambda r: -r["budget"])
         if not rows:
             continue
         left.plot([r["key_cache_ratio"] for r in rows], [r["perplexity_ratio"] for r in rows],
-                  "o-", label=method)
-        right.bar([budgets.index(r["budget"]) + (i - 1) * width for r in rows],
-                  [r["decode_ratio"] for r in rows], width, label=method)
+                  "o-", color=f"C{i}", label=method)
+        for axis, key in zip(bars, ("prefill_ratio", "decode_ratio")):
+            axis.bar([budgets.index(r["budget"]) + (i - 1) * width for r in rows],
+                     [r[key] for r in rows], width, color=f"C{i}", label=method)
     left.plot([1.0], [1.0], "k*", markersize=10, label="original")
     left.set_xlabel("key cache (× the original's)")
     left.set_ylabel("held-out perplexity (× the original's)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    right.axhline(1.0, color="k", lw=0.8)
-    right.set_xticks(range(len(budgets)), [f"{b:.0%} of the QK rank" for b in budgets])
-    right.set_ylabel("decode tokens/s (× the original's)")
-    right.set_title(f"{report['context']}-token prompt, {report['threads']} thread(s)",
-                    fontsize=9)
+    for axis, what in zip(bars, ("prefill", "decode")):
+        axis.axhline(1.0, color="k", lw=0.8)
+        axis.set_xticks(range(len(budgets)), [f"{b:.0%} of the QK rank" for b in budgets])
+        axis.set_ylabel(f"{what} tokens/s (× the original's)")
+        axis.set_title(f"{what}, {report['context']}-token prompt, {report['threads']} "
+                       "thread(s)", fontsize=9)
     fig.suptitle(f"What you save: {report['model_name']}", fontsize=10)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +266,19 @@ def main(argv=None):
                         help="folder keeping the curves between runs (default: a temporary one)")
     parser.add_argument("--out", default=None, help="JSON of the figures")
     parser.add_argument("--plot", default=None, help="PNG of the figures")
+    parser.add_argument("--from-json", default=None,
+                        help="print and plot the figures of an earlier run's JSON; run nothing")
+    parser.add_argument("--eager-original", action="store_true",
+                        help="also time the original with eager attention (the stock code "
+                             "path of the shrunk forms' attention), in the same turns")
     args = parser.parse_args(argv)
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        for line in table(report):
+            print(line, flush=True)
+        if args.plot and report["rows"]:
+            plot(report, args.plot)
+        return report
     if args.quick:
         args.n_texts, args.n_held_out, args.context = 12, 6, 64
         args.new_tokens, args.repeats = 4, 2
@@ -295,7 +314,11 @@ def main(argv=None):
               "n_texts": len(texts), "n_held_out": len(held), "context": int(ids.shape[1]),
               "new_tokens": args.new_tokens, "repeats": args.repeats,
               "original": {"qk_parameters": qk_parameters(model), **quality(model)},
-              "rows": [], "refused": []}
+              "rows": [], "refused": [], "original_eager": []}
+    eager = None
+    if args.eager_original:
+        eager = copy.deepcopy(model)
+        eager.set_attn_implementation("eager")
     turns = []  # each budget's timings, the original's included
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = Path(args.checkpoint or Path(tmp) / "checkpoint")
@@ -324,9 +347,19 @@ def main(argv=None):
                         tokenizer=tokenizer)
             candidates[THINK] = transformers.AutoModelForCausalLM.from_pretrained(
                 Path(tmp) / f"think-{budget:g}", trust_remote_code=True).eval()
+            if args.eager_original:
+                candidates[EAGER] = eager
             timed = timings({"original": model, **candidates}, ids, args.new_tokens,
                             args.repeats)
             turns.append(timed["original"])
+            if args.eager_original:
+                del candidates[EAGER]
+                report["original_eager"].append({
+                    "budget": budget, **timed[EAGER],
+                    "prefill_ratio": timed[EAGER]["prefill_tokens_per_s"]
+                    / timed["original"]["prefill_tokens_per_s"],
+                    "decode_ratio": timed[EAGER]["decode_tokens_per_s"]
+                    / timed["original"]["decode_tokens_per_s"]})
             for method, candidate in candidates.items():
                 row = {"budget": budget, "method": method,
                        "qk_parameters": qk_parameters(candidate), **timed[method],
