@@ -142,7 +142,7 @@ def _even_counts(shares, total):
     """
     counts = [min(total // len(shares), len(s)) for s in shares]
     following = sorted(((s[c] if c < len(s) else -np.inf), u)
-                       for u, (s, c) in enumerate(zip(shares, counts)))[::-1]
+                       for u, (s, c) in enumerate(zip(shares, counts, strict=True)))[::-1]
     for _, u in following[:total - sum(counts)]:
         counts[u] += 1
     return counts
@@ -250,7 +250,7 @@ def _latent_attention_class():
                 latent, value = cache.update(latent, value, self.layer_idx, kwargs=kwargs)
             m = latent.shape[2]
             parts = latent[:, 0].split(self.widths, dim=-1)
-            key = torch.stack([z @ up for z, up in zip(parts, self.k_up)], dim=1)
+            key = torch.stack([z @ up for z, up in zip(parts, self.k_up, strict=True)], dim=1)
             cos_m, sin_m = self._table[0](m, key)
             key = key * cos_m[:, None] + rotate_half(key) * sin_m[:, None]
             attention = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -294,7 +294,7 @@ def palu_latent(model, budget, stats):
     latent = _latent_attention_class()
     table = _RotaryTable(compressed.model.rotary_emb)
     for layer in layers:
-        mine = [(h, c) for h, c in zip(heads, counts) if h[0] is layer]
+        mine = [(h, c) for h, c in zip(heads, counts, strict=True) if h[0] is layer]
         down = np.concatenate([w_g @ vectors[:, :c] for (_, _, _, vectors, w_g), c in mine],
                               axis=1)  # (d + 1, sum r_g)
         ups = [np.ascontiguousarray(vectors[:, :c].T) for (_, _, _, vectors, _), c in mine]
@@ -302,8 +302,8 @@ def palu_latent(model, budget, stats):
         bias = None if stock.k_proj.bias is None else down[-1]
         compressed.set_submodule(layer.attention_module,
                                  latent(stock, down[:-1].T.copy(), bias, ups, table))
-    compressed.latent_key_widths = [sum(c for h, c in zip(heads, counts) if h[0] is layer)
-                                    for layer in layers]
+    compressed.latent_key_widths = [
+        sum(c for h, c in zip(heads, counts, strict=True) if h[0] is layer) for layer in layers]
     return compressed
 
 

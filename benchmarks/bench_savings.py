@@ -23,8 +23,10 @@ form). For each model:
   them a calibration line).
 
 The package's and ThinK's planes and Palu's latents are all fitted on the same calibration
-half of the lines, and the peers keep as many key channels as the package's plan does. A model the shrunk form refuses (Gemma 3: its query-key norms) is measured
-alone, the refusal recorded. Torch runs on ``--threads`` threads (the JSON says how many).
+half of the lines, and the peers keep as many key channels as the package's plan does. A
+model the shrunk form refuses (Gemma 3: its query-key norms) is measured alone, the refusal
+recorded. Torch runs on ``--threads`` threads (the JSON says how many); ``--eager-original``
+times the original with eager attention too, the code path of the shrunk forms' attention.
 
     python benchmarks/bench_savings.py [MODEL] [--budgets 0.5,0.3] [--out FILE] [--plot PNG]
     python benchmarks/bench_savings.py --quick      # a tiny random LLaMA model, seconds
@@ -173,7 +175,7 @@ def _targets(rows):
         bounds = TARGETS[row["budget"]]
         for key, bound, upper in zip(
                 ("key_cache_ratio", "decode_ratio", "perplexity_ratio", "mean_kl"), bounds,
-                (True, False, True, True)):
+                (True, False, True, True), strict=True):
             if bound is not None:
                 value = row[key]
                 out.append({"budget": row["budget"], "measure": key, "value": value,
@@ -228,7 +230,7 @@ def plot(report, path):
             continue
         left.plot([r["key_cache_ratio"] for r in rows], [r["perplexity_ratio"] for r in rows],
                   "o-", color=f"C{i}", label=method)
-        for axis, key in zip(bars, ("prefill_ratio", "decode_ratio")):
+        for axis, key in zip(bars, ("prefill_ratio", "decode_ratio"), strict=True):
             axis.bar([budgets.index(r["budget"]) + (i - 1) * width for r in rows],
                      [r[key] for r in rows], width, color=f"C{i}", label=method)
     left.plot([1.0], [1.0], "k*", markersize=10, label="original")
@@ -236,7 +238,7 @@ def plot(report, path):
     left.set_ylabel("held-out perplexity (× the original's)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8)
-    for axis, what in zip(bars, ("prefill", "decode")):
+    for axis, what in zip(bars, ("prefill", "decode"), strict=True):
         axis.axhline(1.0, color="k", lw=0.8)
         axis.set_xticks(range(len(budgets)), [f"{b:.0%} of the QK rank" for b in budgets])
         axis.set_ylabel(f"{what} tokens/s (× the original's)")
