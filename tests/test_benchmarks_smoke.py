@@ -504,3 +504,97 @@ def test_encoder_cli_quick(load, tmp_path):
         assert row["plan"].startswith("Plan (") and len(row["worst_held_out"]) == 2
     assert out["summary defaults"]["random_splits"] == 1
     assert json.loads((tmp_path / "enc.json").read_text())["n_texts"] == 8
+
+
+def test_shrinking_peers_keep_what_they_say(load):
+    # Palu's latent keys: at the full share the model itself; at a share, Palu's low-rank keys
+    # exactly, with the latent (not the keys) in the cache, and one token at a time on the cache
+    # what the whole sequence gives. ThinK: whole planes, as many as the share says.
+    pytest.importorskip("transformers")
+    import torch
+
+    peers = load("_decoder_peers")
+    model, tokenizer, texts = _tiny_llama_with_tokenizer()
+    stats = peers.activation_statistics(model, texts[:8], tokenizer)
+    ids = tokenizer(" ".join(texts[8:]), return_tensors="pt")["input_ids"][:, :24]
+    with torch.no_grad():
+        reference = model(ids).logits
+        full = peers.palu_latent(model, 1.0, stats)(ids).logits
+        np.testing.assert_allclose(full.numpy(), reference.numpy(), atol=2e-6)
+        half = peers.palu_latent(model, 0.5, stats)
+        assert half.latent_key_widths == [8, 8]  # 2 key heads x 4 of d_h = 8 channels
+        whole = half(ids).logits
+        np.testing.assert_allclose(whole.numpy(), peers.palu(model, 4, stats)(ids).logits.numpy(),
+                                   atol=2e-6)
+        out = half(ids[:, :16], use_cache=True)
+        cache, steps = out.past_key_values, [out.logits]
+        for t in range(16, 24):
+            steps.append(half(ids[:, t:t + 1], cache=cache, use_cache=True).logits)
+        assert cache.layers[0].keys.shape == (1, 1, 24, 8)
+        np.testing.assert_allclose(torch.cat(steps, 1).numpy(), whole.numpy(), atol=2e-6)
+    for share, n_planes in ((0.5, 8), (0.25, 4)):  # of 2 layers x 2 key heads x 4 planes
+        planes = peers.think_planes(model, share, texts[:8], tokenizer)
+        kept = [p for heads in planes.values() for p in heads]
+        assert sum(map(len, kept)) == n_planes and all(len(p) in (1, 2) for p in kept)
+        assert all(0 <= f < 4 for p in kept for f in p)
+    with pytest.raises(ValueError, match="LLaMA-style"):
+        peers.palu_latent(_tiny_gpt2(), 0.5, stats)
+
+
+def _tiny_gpt2():
+    import transformers
+
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=30, n_embd=16, n_layer=1, n_head=2))
+
+
+def test_savings_scores_are_the_packages(load):
+    # The benchmark scores one sentence at a time as the package's perplexity and KL do with
+    # batch_size=1 (it needs its own: theirs do not take Palu's latent attention).
+    pytest.importorskip("transformers")
+    from sklearn_ebound.heads import next_token_kl, perplexity
+    from sklearn_ebound.heads._shrink import kept_channels, zero_dropped
+
+    bench = load("bench_savings")
+    model, tokenizer, texts = _tiny_llama_with_tokenizer()
+    cut = zero_dropped(model, kept_channels(model, planes={0: [[0], [1, 2]], 1: [[3], [0]]}))
+    ours = bench.held_out_scores(model, cut, texts[12:], tokenizer)
+    assert bench.held_out_scores(model, model, texts[12:], tokenizer) == {
+        "perplexity": pytest.approx(perplexity(model, texts[12:], tokenizer, batch_size=1))}
+    assert ours["perplexity"] == pytest.approx(perplexity(cut, texts[12:], tokenizer,
+                                                          batch_size=1))
+    theirs = next_token_kl(model, cut, texts[12:], tokenizer, batch_size=1)
+    assert ours["mean_kl"] == pytest.approx(theirs.mean_kl) and ours["mean_kl"] > 0
+    assert ours["max_kl"] == pytest.approx(theirs.max_kl)
+
+
+def test_savings_quick(load, tmp_path):
+    # One run measures the original, the shrunk form and both peers at each budget: every
+    # ratio positive, the key cache and the query-key parameters smaller, the values kept,
+    # the peers at the package's key cache.
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    bench = load("bench_savings")
+    report = bench.main(["--quick", "--out", str(tmp_path / "savings.json"),
+                         "--plot", str(tmp_path / "savings.png")])
+    saved = json.loads((tmp_path / "savings.json").read_text())
+    assert saved["threads"] == 1 and saved["context"] == 64 and saved["new_tokens"] == 4
+    assert (tmp_path / "savings.png").read_bytes().startswith(b"\x89PNG")
+    base = report["original"]
+    for key in ("qk_parameters", "key_cache_bytes", "value_cache_bytes", "perplexity",
+                "prefill_tokens_per_s", "decode_tokens_per_s"):
+        assert np.isfinite(base[key]) and base[key] > 0, key
+    assert {(r["budget"], r["method"]) for r in report["rows"]} == {
+        (b, m) for b in (0.5, 0.3) for m in bench.METHODS}
+    for row in report["rows"]:
+        for key in ("qk_parameter_ratio", "key_cache_ratio", "prefill_ratio", "decode_ratio",
+                    "perplexity_ratio"):
+            assert np.isfinite(row[key]) and row[key] > 0, (row["method"], key)
+        assert row["key_cache_bytes"] < base["key_cache_bytes"]
+        assert row["qk_parameters"] < base["qk_parameters"]
+        assert row["value_cache_ratio"] == 1.0 and row["mean_kl"] >= 0
+        assert len(row["decode_seconds"]) == 2
+    for budget in (0.5, 0.3):
+        caches = {r["key_cache_bytes"] for r in report["rows"] if r["budget"] == budget}
+        assert len(caches) == 1 and caches.pop() <= budget * base["key_cache_bytes"]
+    assert saved["rows"][0]["method"] == bench.PACKAGE and "targets" not in saved
