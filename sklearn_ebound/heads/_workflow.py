@@ -39,6 +39,7 @@ from ._shrink import (
     plane_plan,
     qk_sizes,
     save_shrunk,
+    shrunk_model,
     zero_dropped,
 )
 
@@ -132,8 +133,8 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     Parameters
     ----------
     model : transformers model or path
-        A Hugging Face model (BERT-, GPT-2- or LLaMA-style) or the directory of a saved one.
-        It is not modified.
+        A Hugging Face model (BERT-, GPT-2-, LLaMA-style or Gemma 3) or the directory of a
+        saved one. It is not modified.
     texts : list of str
         Real text, one sentence or passage per entry; at least 4 non-empty.
     tokenizer : transformers tokenizer, default=None
@@ -164,14 +165,17 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         ``"shrunk"``: forms whose written tensors are smaller. A head without rotary
         embeddings keeps query and key maps of width ``r`` (the plan's rank-``r`` factors);
         a rotary head keeps whole rotary planes per key head, shared by its query group
-        (:func:`~._shrink.plane_plan`); ``out`` then holds a model of the kept widths.
+        (:func:`~._shrink.plane_plan`), of its normalised queries and keys where the family
+        normalises them (Gemma 3: the projections and norms stay whole, the kept channels are
+        taken after the norm); ``out`` then holds a model of the kept widths.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache).
     fit_planes : bool, default=True
         With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
         the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
-        into the query map) that best makes up, on the calibration half, for the planes
-        dropped (:func:`~._shrink.plane_maps`); ``False`` keeps the planes as they are.
+        into the query map, or after a norm is the written attention's ``q_turn``) that best
+        makes up, on the calibration half, for the planes dropped
+        (:func:`~._shrink.plane_maps`); ``False`` keeps the planes as they are.
     calibration : float, default=0.5
         Fraction of the texts in the calibration half.
     max_length : int, default=128
@@ -197,7 +201,10 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     -------
     compressed : transformers model
         The compressed model in the original's class and shapes (the query and key columns
-        it drops are zero), the one written to ``out``.
+        it drops are zero), the one written to ``out``; for a family that normalises its
+        heads before the rotation (Gemma 3), whose stock class cannot drop a channel after
+        the norm, the model of the kept channels that ``out`` holds
+        (:func:`~._shrink.shrunk_model`).
     report : CompressionReport
     """
     budget = _check_options(budget, eps, allocation, train_steps, refine, refit, calibration,
@@ -218,6 +225,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
                          "it needs a causal language model with its head (use 'greedy' or "
                          "'uniform').")
     rotary_shrunk = form == "shrunk" and check_shrinkable(model)
+    normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
     if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
         raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
                          "original maps: it takes no trained pairs, refinement nor refit "
@@ -272,14 +280,20 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
             bar(1, 1)  # early stopping may end before the last epoch
         return distilled
 
+    maps = None  # the plane maps a normalised family's written attention holds
     if rotary_shrunk:
         planes = plane_plan(model, plan, calibration_texts, tokenizer=tokenizer,
                             sensitivity=sensitivity, max_length=max_length)
         channels = kept_channels(model, planes=planes)
-        compressed = zero_dropped(model, channels)
-        if fit_planes:
-            fold_plane_maps(compressed, planes, plane_maps(
-                model, planes, calibration_texts, tokenizer=tokenizer, max_length=max_length))
+        fitted = plane_maps(model, planes, calibration_texts, tokenizer=tokenizer,
+                            max_length=max_length) if fit_planes else None
+        if normalised:  # the projections stay whole: the model of the kept channels itself
+            maps = fitted
+            compressed = shrunk_model(model, channels, maps=maps)
+        else:
+            compressed = zero_dropped(model, channels)
+            if fitted is not None:
+                fold_plane_maps(compressed, planes, fitted)
     else:
         compressed = refined(compress_heads(model, result, plan, method=method),
                              calibration_texts)
@@ -295,7 +309,8 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     if out is not None:
         target = Path(out)
         if form == "shrunk":
-            save_shrunk(written, channels, target, tokenizer=tokenizer)
+            save_shrunk(model if normalised else written, channels, target,
+                        tokenizer=tokenizer, maps=maps)
         else:
             target.mkdir(parents=True, exist_ok=True)
             written.save_pretrained(target)
