@@ -10,11 +10,12 @@ compression kept, ``config.qk_channels``:
      "key":   [layer][key head]   -> likewise}
 
 A query head keeps as many channels as its key head. Head ``h``'s logit is
-``q_h[kept] . k_g[kept] * scaling``, with ``g`` its key head and the original scaling
-(``1 / sqrt(d_h)``): the compressed model's logits exactly, since the dropped channels were
-zero. The kept channels of every head sit side by side in the projections' outputs, and the
-key cache holds them as one ``(batch, 1, tokens, kept key channels)`` tensor per layer (the
-values keep their stock shape). A rotary model keeps whole rotary planes (channels ``f`` and
+``q_h[kept] . k_g[kept] * scaling``, with ``g`` its key head and the stock attention's
+scaling (``1 / sqrt(d_h)``; Gemma's ``query_pre_attn_scalar ** -0.5``): the compressed
+model's logits exactly, since the dropped channels were zero. The kept channels of every
+head sit side by side in the projections' outputs, and the key cache holds them as one
+``(batch, 1, tokens, kept key channels)`` tensor per layer (the values keep their stock
+shape). A rotary model keeps whole rotary planes (channels ``f`` and
 ``f + d_h / 2`` together), so its kept channels are rotated by their own rows of the rotary
 tables, before they are cached, as the stock model does.
 
