@@ -5,7 +5,10 @@ For tiny random LLaMA (grouped keys), Qwen2 (query and key biases), GPT-2 and BE
 kept widths; a new interpreter loads it with ``trust_remote_code=True``; its ``generate()``
 is the in-memory compressed model's, its key cache has the kept widths, every other weight
 is the original's bit for bit, in the original's dtype; keeping every channel reproduces the
-original.
+original. A tiny random Gemma 3 (a sliding and a global layer, two rotary bases, its own
+logit scale, query and key gains far from one) likewise, its projections and norms written
+whole: only the kept channels of its normalised heads enter the logits and the cache, and its
+planes are priced and fitted on the normalised queries and keys.
 """
 
 import json
@@ -25,6 +28,7 @@ from sklearn_ebound.heads._shrink import (
     plane_maps,
     plane_plan,
     save_shrunk,
+    shrunk_model,
     zero_dropped,
 )
 
@@ -46,6 +50,15 @@ def _model(kind, dtype=torch.float32):
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
             vocab_size=60, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=32, num_hidden_layers=2, rope_theta=500.0))
+    elif kind == "gemma3":
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            vocab_size=60, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+            sliding_window=3, layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                             "full_attention": {"rope_type": "default",
+                                                "rope_theta": 5000.0}},
+            attn_implementation="eager", tie_word_embeddings=False))
     elif kind == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=60, n_embd=32, n_head=4, n_layer=2, n_positions=64))
@@ -60,6 +73,8 @@ def _model(kind, dtype=torch.float32):
                 parameter.mul_(8.0)
             if name.endswith(("q_proj.bias", "k_proj.bias")):
                 parameter.normal_(0.0, 0.5)
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(-0.8, 3.0)  # gains 1 + w in (0.2, 4)
     return model.to(dtype).eval()
 
 
@@ -112,7 +127,8 @@ def _widths(channels):
 
 
 CASES = [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32),
-         ("gpt2", torch.float32), ("gpt2", torch.float16), ("bert", torch.float32)]
+         ("gpt2", torch.float32), ("gpt2", torch.float16), ("bert", torch.float32),
+         ("gemma3", torch.float32), ("gemma3", torch.bfloat16)]
 
 
 @pytest.fixture(scope="module")
@@ -140,15 +156,27 @@ def test_written_model_reloads_with_the_kept_widths(written, kind, dtype):
     widths = _widths(report.channels)
     assert report.key_cache_channels["compressed"] == sum(widths)
     full = report.key_cache_channels["original"]
-    assert sum(widths) < full and report.qk_parameters["compressed"] < report.qk_parameters[
-        "original"]
-    # every weight but the query and key maps is the original's, bit for bit
+    assert sum(widths) < full
+    normalised = kind == "gemma3"
+    if normalised:  # projections whole, and two numbers (a, b) per kept query channel
+        assert report.qk_parameters["compressed"] == report.qk_parameters["original"] + 2 * sum(
+            len(c) for entry in report.channels for c in entry["query"])
+    else:
+        assert report.qk_parameters["compressed"] < report.qk_parameters["original"]
+    # every weight but the query and key maps is the original's, bit for bit; for Gemma 3
+    # the query and key projections and their norms too (the kept channels are taken after
+    # the norm), the written attention adding only its q_turn
     original = model.state_dict()
     state = got["state"]
     for key, value in original.items():
-        if any(part in key for part in QK):
+        if any(part in key for part in QK) and not normalised:
             continue
         assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
+    if normalised:
+        assert sorted(set(state) - set(original)) == [
+            f"model.layers.{i}.self_attn.q_turn" for i in range(2)]
+        turn = np.asarray(state["model.layers.0.self_attn.q_turn"])
+        assert turn.shape == (2, 2 * widths[0]) and np.any(turn[1] != 0)  # the fitted maps
     if kind == "gpt2":  # the fused map's value columns are the original's too
         d = model.config.n_embd
         for i in range(len(report.channels)):
@@ -163,11 +191,15 @@ def test_written_model_reloads_with_the_kept_widths(written, kind, dtype):
             np.testing.assert_allclose(np.asarray(got["hidden"]), mine, atol=1e-5, rtol=1e-5)
             return
         run = compressed(ids, use_cache=True)
+        stock = model(ids, use_cache=True).past_key_values.layers
         generated = compressed.generate(ids, max_new_tokens=5, do_sample=False,
                                         pad_token_id=0).tolist()
-    # the key cache holds the kept channels only; the values keep their shape
-    n = len(PROMPT[0])
-    assert got["cache"] == [[1, 1, n, w] for w in widths]
+    # the key cache holds the kept channels only, as many tokens as the original's (a
+    # sliding layer's window); the values keep their shape
+    lengths = [layer.keys.shape[2] for layer in stock]
+    assert got["cache"] == [[1, 1, m, w] for m, w in zip(lengths, widths, strict=True)]
+    if normalised:
+        assert lengths == [model.config.sliding_window - 1, len(PROMPT[0])]
     assert got["values"] == [list(layer.values.shape) for layer in run.past_key_values.layers]
     assert got["generated"] == generated
     tolerance = 1e-4 if dtype == torch.float32 else 0.1
@@ -194,10 +226,10 @@ def test_rotary_planes_are_whole_shared_by_the_group_and_within_the_budget(writt
     assert report.form == "shrunk" and report.language_model
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "bert"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2", "bert", "gemma3"])
 def test_keeping_every_channel_is_the_original(kind, tmp_path, word_tokenizer):
     model = _model(kind)
-    if model.config.model_type in ("llama", "qwen2"):
+    if model.config.model_type in ("llama", "qwen2", "gemma3_text"):
         half = model.config.hidden_size // model.config.num_attention_heads // 2
         planes = {i: [list(range(half))] * 2 for i in range(2)}
         channels = kept_channels(model, planes=planes)
@@ -304,3 +336,94 @@ def test_compress_model_checks_its_arguments(word_tokenizer):
     with pytest.raises(ValueError, match="no trained pairs"):
         compress_model(_model("llama"), TEXTS, tokenizer=tok, refine="distill")
     assert plan_ranks  # the plan's own checks are plan_ranks's
+
+
+# --- Gemma 3: the planes of the normalised heads ------------------------------------------
+
+
+def test_gemma3_planes_are_priced_on_the_normalised_keys(word_tokenizer):
+    # k_norm's gains are zero on planes 1 and 3, so the normalised keys have nothing there,
+    # while the projection's rows of planes 0 and 2 are a thousandth of the others: priced
+    # on the projections the planes kept would be 1 and 3, on the normalised keys they are
+    # 0 and 2 for both key heads
+    model = _model("gemma3")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_norm.weight[[1, 5, 3, 7]] = -1.0  # gain 1 + w = 0
+            for g in range(2):
+                layer.self_attn.k_proj.weight[[8 * g + c for c in (0, 4, 2, 6)]] *= 1e-3
+    plan = {(i, h): 4 for i in range(2) for h in range(4)}
+    planes = plane_plan(model, plan, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    assert planes == {i: [[0, 2], [0, 2]] for i in range(2)}
+
+
+def test_gemma3_plane_maps_fit_under_the_model_s_own_attention(word_tokenizer, monkeypatch):
+    # the attention the fit weighs by is the model's (norms, gains, its logit scale, the
+    # sliding window, each layer's rotary base); every plane kept, the fit is the identity;
+    # planes dropped, the fitted q_turn brings the next-token distributions closer
+    from sklearn_ebound.heads import _shrink
+
+    model, tok = _model("gemma3"), word_tokenizer(60)
+    texts = TEXTS[:4]
+    seen = []
+
+    def recording(*args):
+        out = attention(*args)
+        seen.append(out[2])
+        return out
+
+    attention = _shrink._attention
+    monkeypatch.setattr(_shrink, "_attention", recording)
+    full = {i: [list(range(4))] * 2 for i in range(2)}
+    for a, b in plane_maps(model, full, texts, tokenizer=tok, max_length=16).values():
+        np.testing.assert_allclose(a, 1.0, atol=1e-8)
+        np.testing.assert_allclose(b, 0.0, atol=1e-8)
+    monkeypatch.setattr(_shrink, "_attention", attention)
+    batch = tok(texts, max_length=16)
+    with torch.no_grad():
+        real = model(**batch, output_attentions=True).attentions
+    valid = batch["attention_mask"].bool()
+    assert len(seen) == 2 * 4  # one batch: layers, then heads in order
+    for i, p in enumerate(seen):
+        stock = real[i // 4][:, i % 4].double()
+        np.testing.assert_allclose(p[valid].numpy(), stock[valid].numpy(), atol=1e-6)
+    n = valid.shape[1]
+    far = np.subtract.outer(np.arange(n), np.arange(n)) >= 3
+    assert np.all(seen[0].numpy()[:, far] == 0) and np.any(seen[4].numpy()[:, far] > 0)
+    # planes dropped: the fitted q_turn brings every layer's attention closer to the
+    # original's (the KL divergence of each real query's attention, whose second-order term
+    # the fit minimises; this random model's next-token distributions hardly depend on it)
+    planes = {i: [[0, 2], [1, 3]] for i in range(2)}
+    channels = kept_channels(model, planes=planes)
+    maps = plane_maps(model, planes, TEXTS, tokenizer=tok, max_length=16)
+    batch = tok(TEXTS, max_length=16)
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        original = model(**batch, output_attentions=True).attentions
+        kl = []
+        for m in (None, maps):
+            kept = shrunk_model(model, channels, maps=m)(**batch, output_attentions=True)
+            kl.append([float((p * (p.clamp_min(1e-30).log() - q.clamp_min(1e-30).log())).sum(
+                -1).transpose(1, 2)[valid].mean()) for p, q in zip(
+                original, kept.attentions, strict=True)])
+    assert all(fitted < plain for plain, fitted in zip(*kl, strict=True)), kl
+
+
+def test_gemma3_projections_are_not_cut_nor_folded(tmp_path):
+    # zeroing a projection's rows, or folding a map into it, acts before the norm
+    model = _model("gemma3")
+    planes = {i: [[0, 2], [1]] for i in range(2)}
+    channels = kept_channels(model, planes=planes)
+    with pytest.raises(ValueError, match="normalises each query and key head"):
+        zero_dropped(model, channels)
+    maps = {(i, h): (np.ones(len(planes[i][h // 2])), np.zeros(len(planes[i][h // 2])))
+            for i in range(2) for h in range(4)}
+    with pytest.raises(ValueError, match="normalises each query and key head"):
+        fold_plane_maps(model, planes, maps)
+    shrunk = save_shrunk(model, channels, tmp_path / "kept", maps=maps)
+    attention = shrunk.model.layers[0].self_attn
+    assert attention.q_proj.weight.shape == (4 * 8, 32)  # whole
+    assert attention.q_turn.shape == (2, 4 + 4 + 2 + 2)
+    with pytest.raises(ValueError, match="folded into its query projection"):
+        save_shrunk(_model("llama"), kept_channels(_model("llama"), planes=planes),
+                    tmp_path / "llama", maps=maps)

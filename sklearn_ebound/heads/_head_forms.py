@@ -50,8 +50,17 @@ def layers_of(model):
 
 
 def family_of(model):
-    """The family adapter of a Hugging Face model, from its state dict's keys and config."""
-    return detect_family(list(model.state_dict()), config=getattr(model, "config", None))[0]
+    """The family adapter of a Hugging Face model, from its state dict's keys and config.
+
+    A model of kept query-key channels (its config's ``qk_channels``, as the shrunk form
+    writes it) is of its stock model's family: the ``q_turn`` its attention may hold (the
+    kept planes' scaled rotations after a norm) is the shrunk form's, not the family's.
+    """
+    config = getattr(model, "config", None)
+    keys = list(model.state_dict())
+    if getattr(config, "qk_channels", None) is not None:
+        keys = [k for k in keys if not k.endswith(".q_turn")]
+    return detect_family(keys, config=config)[0]
 
 
 def check_texts(texts, name):

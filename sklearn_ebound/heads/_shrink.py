@@ -20,9 +20,18 @@ its Fisher weight when the plan was priced by one. How many: key head ``g`` gets
 then, while the kept rank ``sum_g 2 p_g group`` exceeds the plan's total, the key head whose
 last kept plane is the cheapest gives it up: the plan's budget is kept.
 
+A family that normalises each query and key head before its rotation (Gemma 3) keeps its
+projections and norms whole: the norm needs every channel of the head. Its planes are priced
+and fitted on the normalised queries and keys (:class:`HeadModel`, gains included), with the
+layer's logit scale, sliding window and rotary tables, and only the kept channels of the
+normalised heads are rotated, enter the logits and are cached. A kept plane's scaled rotation
+(:func:`plane_maps`) folds into a rotary query projection only when nothing sits between
+them; after a norm it is the written attention's ``q_turn``.
+
 :func:`save_shrunk` writes the compressed model as a Hugging Face directory whose attention
 holds only the kept channels (``modeling_shrunk.py``, ``auto_map``, loaded with
 ``trust_remote_code=True``); every other weight is the original's, bit for bit, in its dtype.
+:func:`shrunk_model` is the same model in memory.
 """
 
 import copy
@@ -30,31 +39,34 @@ import importlib.util
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 
-from ._head_forms import layers_of
+from ._head_forms import HeadModel, augmented_weights, layers_of, rotate
 from ._inputs import require, token_batches
 
 __all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fold_plane_maps",
-           "zero_dropped", "qk_sizes", "save_shrunk"]
+           "zero_dropped", "qk_sizes", "save_shrunk", "shrunk_model"]
 
-# The stock attention class of each family's transformers module, and the factory of
-# ``modeling_shrunk.py`` that wraps it.
-_ATTENTION = {"gpt2": ("gpt2", "GPT2Attention", "gpt2_attention"),
-              "bert": (None, "BertSelfAttention", "bert_attention"),
-              "llama": (None, None, "rotary_attention")}
+# The stock attention class of each family's transformers module (None: the one named after
+# the model's class), and the factory of ``modeling_shrunk.py`` that wraps it.
+_ATTENTION = {"gpt2": ("GPT2Attention", "gpt2_attention"),
+              "bert": ("BertSelfAttention", "bert_attention"),
+              "llama": (None, "rotary_attention"),
+              "gemma3": ("Gemma3Attention", "gemma3_attention")}
 
 
-def check_shrinkable(model):
-    """Whether ``model``'s heads are rotary (their shrunk form keeps planes); an error for a
-    family without one."""
-    family, _, _ = layers_of(model)
+def check_shrinkable(model, *, normalised=False):
+    """Whether ``model``'s heads are rotary (their shrunk form keeps planes), or with
+    ``normalised=True`` whether they are normalised before the rotation (their projections
+    stay whole); an error for a family without a shrunk form."""
+    family, layers, _ = layers_of(model)
     if family.name not in _ATTENTION:
         raise ValueError(f"No shrunk form for {family.name}-style attention; use "
                          "form='query'.")
-    return family.rotary
+    return any(layer.normalised for layer in layers) if normalised else family.rotary
 
 
 def kept_channels(model, *, plan=None, planes=None):
@@ -89,56 +101,68 @@ def kept_channels(model, *, plan=None, planes=None):
     return out
 
 
-def _projection_energies(model, family, layers, texts, tokenizer, max_length, batch_size=8):
-    """Per layer, the mean over real tokens of every query and key channel's square.
-
-    ``{layer index: (E q^2 (n_heads, d_h), E k^2 (n_kv_heads, d_h))}`` of the projections'
-    outputs (biases included, before the rotation, which leaves each plane's norm alone).
-    """
+def _attention_inputs(model, layers, texts, tokenizer, visit, max_length=128, batch_size=8):
+    """Run ``model`` on ``texts`` and call ``visit(layer, x, cos, sin, valid)`` with what enters
+    each layer's attention block: the hidden states ``x`` ``(b, n, d)`` and the layer's own
+    rotary tables ``(b, n, d_h)`` (float64), and the real tokens ``valid`` ``(b, n)``."""
     torch = require("torch")
-    sums, hooks, mask = {}, [], {}
-    modules = {}
+    state, hooks = {}, []
+
+    def hook_for(layer):
+        def hook(module, args, kwargs):
+            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
+            cos, sin = (t.detach().double() for t in kwargs["position_embeddings"])
+            if cos.dim() == 2:
+                cos, sin = cos[None], sin[None]
+            visit(layer, x, cos, sin, state["valid"])
+        return hook
+
     for layer in layers:
-        q_slot, k_slot = family.slots(layer, 0, 0)
-        modules[layer.index] = (q_slot, k_slot, layer)
-    d_model = layers[0].w_q.shape[1]
-
-    def hook(key, part, start, width):
-        def record(module, inputs, output):
-            y = output[..., start:start + width].double()
-            valid = mask["valid"][..., None].to(y.dtype)
-            sums.setdefault(key + (part,), 0.0)
-            sums[key + (part,)] = sums[key + (part,)] + ((y ** 2) * valid).sum((0, 1))
-        return record
-
-    for index, (q_slot, k_slot, layer) in modules.items():
-        d_h = layer.head_dim
-        q_module, k_module = model.get_submodule(q_slot.module), model.get_submodule(
-            k_slot.module)
-        # GPT-2's fused c_attn holds queries at 0, keys at d: one module, two slices
-        q_start = q_slot.start if q_slot.linear else 0
-        k_start = k_slot.start if k_slot.linear else d_model
-        hooks.append(q_module.register_forward_hook(hook((index,), "q", q_start,
-                                                         layer.n_heads * d_h)))
-        hooks.append(k_module.register_forward_hook(hook((index,), "k", k_start,
-                                                         layer.n_kv_heads * d_h)))
-    n_tokens = 0
+        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
+            hook_for(layer), with_kwargs=True))
+    was_training = model.training
+    model.eval()
     try:
         with torch.no_grad():
             for batch in token_batches(tokenizer, texts, max_length, batch_size):
-                valid = batch["attention_mask"].bool()
-                mask["valid"] = valid
-                n_tokens += int(valid.sum())
+                state["valid"] = batch["attention_mask"].bool()
                 model(**batch)
     finally:
-        for h in hooks:
-            h.remove()
-    out = {}
-    for index, (_, _, layer) in modules.items():
-        d_h = layer.head_dim
-        out[index] = ((sums[(index, "q")] / n_tokens).numpy().reshape(layer.n_heads, d_h),
-                      (sums[(index, "k")] / n_tokens).numpy().reshape(layer.n_kv_heads, d_h))
-    return out
+        model.train(was_training)
+        for handle in hooks:
+            handle.remove()
+
+
+def _augmented(x):
+    """``[x, 1]``: the tokens of :class:`HeadModel`."""
+    torch = require("torch")
+    return torch.cat([x, torch.ones_like(x[..., :1])], -1)
+
+
+def _head_energies(model, layers, texts, tokenizer, max_length, batch_size=8):
+    """Per layer, the mean over real tokens of every query and key channel's square.
+
+    ``{layer index: (E q^2 (n_heads, d_h), E k^2 (n_kv_heads, d_h))}`` of the queries and keys
+    the logits take, as :class:`HeadModel` computes them (biases included, normalised with
+    the gains where the family normalises its heads), before the rotation, which leaves each
+    plane's norm alone.
+    """
+    sums, counts = {}, {}
+    weights = {layer.index: augmented_weights(layer) for layer in layers}
+
+    def visit(layer, x, cos, sin, valid):
+        X = _augmented(x)[valid]
+        queries = [HeadModel(layer, h, weights[layer.index]) for h in range(layer.n_heads)]
+        group = layer.n_heads // layer.n_kv_heads
+        keys = queries[::group]  # the first query head of each group reads its key head
+        eq = np.stack([(m.queries(X) ** 2).sum(0).numpy() for m in queries])
+        ek = np.stack([(m.keys(X) ** 2).sum(0).numpy() for m in keys])
+        old = sums.get(layer.index, (0.0, 0.0))
+        sums[layer.index] = (old[0] + eq, old[1] + ek)
+        counts[layer.index] = counts.get(layer.index, 0) + len(X)
+
+    _attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
+    return {index: (eq / counts[index], ek / counts[index]) for index, (eq, ek) in sums.items()}
 
 
 def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=128):
@@ -146,7 +170,8 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
 
     ``plan``: a :func:`plan_ranks` table (or ``{(layer, head): rank}``) of the query heads'
     ranks; the planes are priced on ``texts`` (calibration text) as the module docstring
-    says, each query head weighted by its Fisher weight from ``sensitivity`` when given.
+    says, on the queries and keys the logits take (normalised where the family normalises
+    them), each query head weighted by its Fisher weight from ``sensitivity`` when given.
     """
     family, layers, _ = layers_of(model)
     if not family.rotary:
@@ -157,7 +182,7 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
     if sensitivity is not None:
         weights = {(int(r["layer"]), int(r["head"])): float(r["weight"])
                    for r in sensitivity.rows}
-    energies = _projection_energies(model, family, layers, texts, tokenizer, max_length)
+    energies = _head_energies(model, layers, texts, tokenizer, max_length)
     prices, counts, groups = {}, {}, {}
     total = 0
     for layer in layers:
@@ -197,30 +222,80 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
     return out
 
 
-def _plane_normal_equations(q, k, allowed, kept, scaling):
-    """The weighted least-squares normal equations ``(gram, rhs)`` of one key head's group of
-    query heads, ``(heads, 2 m, 2 m)`` and ``(heads, 2 m)`` for its ``m`` kept planes.
+def _attention(head, X, k, cos, sin, allowed):
+    """A head's rotated queries ``(b, n, d_h)``, its logits and its attention ``(b, n, n)``
+    (zero outside ``allowed``) on tokens ``X`` (``[x, 1]``) and its key head's rotated keys
+    ``k``, as :class:`HeadModel` computes them."""
+    torch = require("torch")
+    q = rotate(head.queries(X), cos, sin)
+    logits = (q @ k.transpose(-1, -2)) * head.scale
+    p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
+    return q, logits, torch.nan_to_num(p) * allowed  # padding rows: no weight
 
-    ``q``: the group's rotated queries ``(b, heads, n, d_h)``, ``k`` the key head's ``(b, 1, n,
-    d_h)``. The features of ``(i, j)`` are ``c_f = q_f . k_f`` and ``s_f = (J q_f) . k_f``
-    (scaled), the target the original logit ``l_ij``; both centred under the attention
-    ``p_ij`` of row ``i``: ``gram = sum p (x - E_p x)(x - E_p x)^T``, ``rhs = sum p (x - E_p
-    x)(l - E_p l)``.
+
+def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8):
+    """The scaled rotation of each kept plane of every query head that best makes up for the
+    planes dropped: ``{(layer index, head): (a, b)}``, each ``(len(planes of its key head),)``
+    for its planes in increasing order.
+
+    A map ``a I + b J`` on a plane (``J`` the quarter turn, :func:`rotate_half`) commutes with
+    every rotation of the plane, so it can act on the query before the rotation: plane ``f``
+    of query head ``h`` adds ``s (a_f c_f + b_f s_f)`` to the logit of ``(i, j)``, ``c_f = q_f
+    . k_f`` and ``s_f = (J q_f) . k_f`` on the rotated query and key, ``s`` the layer's logit
+    scale. The queries and keys are the logits' own (:class:`HeadModel`: normalised with the
+    gains where the family normalises them), rotated by the layer's rotary tables, and the
+    attention ``p_ij`` is the original's under the layer's mask (padding, causal, sliding
+    window). ``(a, b)`` minimise, over the calibration ``texts``, ``E_i Var_{p_i}(l_ij -
+    sum_f s (a_f c_f + b_f s_f))`` (half of it is the attention's KL divergence to second
+    order), a weighted least-squares problem of ``2 |planes|`` unknowns per head; ``a = 1, b =
+    0`` (keeping the planes as they are) is its solution when no plane is dropped.
     """
     torch = require("torch")
-    half = q.shape[-1] // 2
-    logits = (q @ k.transpose(-1, -2)) * scaling
-    p = torch.softmax(logits.masked_fill(~allowed, -torch.inf), -1)
-    p = torch.nan_to_num(p) * allowed  # padding rows: no weight
-    f = torch.as_tensor(kept)
-    qa, qb = q[..., f], q[..., f + half]
-    ka, kb = k[..., f][:, :, None], k[..., f + half][:, :, None]
-    qa, qb = qa[..., :, None, :], qb[..., :, None, :]
-    features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * scaling
+    _, layers, _ = layers_of(model)
+    weights = {layer.index: augmented_weights(layer) for layer in layers}
+    systems = {}
+
+    def visit(layer, x, cos, sin, valid):
+        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
+        X, n = _augmented(x), x.shape[1]
+        allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
+                   & valid[:, None, :] & valid[:, :, None])
+        if layer.window is not None:  # query i sees key j only when i - j < window
+            offsets = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+            allowed = allowed & (offsets < layer.window)
+        for g, kept in enumerate(planes[layer.index]):
+            if not kept:
+                continue
+            heads = [HeadModel(layer, h, weights[layer.index])
+                     for h in range(g * group, (g + 1) * group)]
+            k = rotate(heads[0].keys(X), cos, sin)
+            f = torch.as_tensor(sorted(kept))
+            ka, kb = k[..., f][:, None], k[..., f + half][:, None]
+            for i, head in enumerate(heads):
+                gram, rhs = _plane_normal_equations(head, X, k, cos, sin, allowed, f, ka, kb,
+                                                    half)
+                key = (layer.index, g * group + i)
+                old = systems.get(key, (0.0, 0.0))
+                systems[key] = (old[0] + gram, old[1] + rhs)
+
+    _attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
+    return {key: _solve_plane_map(gram, rhs) for key, (gram, rhs) in systems.items()}
+
+
+def _plane_normal_equations(head, X, k, cos, sin, allowed, f, ka, kb, half):
+    """One head's weighted least-squares normal equations ``(gram, rhs)``, ``(2 m, 2 m)`` and
+    ``(2 m,)`` for its ``m`` kept planes ``f``: the features of ``(i, j)`` are ``c_f = q_f .
+    k_f`` and ``s_f = (J q_f) . k_f`` (scaled), the target the original logit ``l_ij``; both
+    centred under the attention ``p_ij`` of row ``i``: ``gram = sum p (x - E_p x)(x - E_p
+    x)^T``, ``rhs = sum p (x - E_p x)(l - E_p l)``."""
+    torch = require("torch")
+    q, logits, p = _attention(head, X, k, cos, sin, allowed)
+    qa, qb = q[..., f][:, :, None], q[..., f + half][:, :, None]
+    features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * head.scale
     centred = features - (p[..., None] * features).sum(-2, keepdim=True)
     target = logits - (p * logits).sum(-1, keepdim=True)
-    gram = torch.einsum("bhij,bhijk,bhijl->hkl", p, centred, centred)
-    rhs = torch.einsum("bhij,bhijk,bhij->hk", p, centred, target)
+    gram = torch.einsum("bij,bijk,bijl->kl", p, centred, centred).numpy()
+    rhs = torch.einsum("bij,bijk,bij->k", p, centred, target).numpy()
     return gram, rhs
 
 
@@ -234,85 +309,20 @@ def _solve_plane_map(gram, rhs):
     return theta[:m], theta[m:]
 
 
-def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8):
-    """The scaled rotation of each kept plane of every query head that best makes up for the
-    planes dropped: ``{(layer index, head): (a, b)}``, each ``(len(planes of its key head),)``.
-
-    A map ``a I + b J`` on a plane (``J`` the quarter turn, :func:`rotate_half`) commutes with
-    every rotation of the plane, so it can be folded into the query map before the rotation:
-    plane ``f`` of query head ``h`` adds ``a_f c_f + b_f s_f`` to the logit of ``(i, j)``,
-    ``c_f = q_f . k_f`` and ``s_f = (J q_f) . k_f`` on the rotated query and key. ``(a, b)``
-    minimise, over the calibration ``texts``, the variance under the original attention
-    ``p_ij`` of each row's logit error, ``E_i Var_{p_i}(l_ij - sum_f a_f c_f + b_f s_f)``
-    (half of it is the attention's KL divergence to second order), a weighted least-squares
-    problem of ``2 |planes|`` unknowns per head; ``a = 1, b = 0`` (keeping the planes as they
-    are) is its solution when no plane is dropped.
-    """
-    torch = require("torch")
-    _, layers, _ = layers_of(model)
-    systems, hooks, state = {}, [], {}
-
-    def hook_for(layer):
-        half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
-        scaling = layer.head_dim ** -0.5
-        wq, wk = torch.as_tensor(layer.w_q), torch.as_tensor(layer.w_k)
-        bq = torch.zeros(layer.n_heads, layer.head_dim, dtype=torch.float64) if \
-            layer.b_q is None else torch.as_tensor(layer.b_q)
-        bk = torch.zeros(layer.n_kv_heads, layer.head_dim, dtype=torch.float64) if \
-            layer.b_k is None else torch.as_tensor(layer.b_k)
-
-        def rotate(t, cos, sin):
-            return t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
-
-        def hook(module, args, kwargs):
-            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
-            cos, sin = (t.detach().double()[:, None] for t in kwargs["position_embeddings"])
-            valid = state["valid"]
-            n = x.shape[1]
-            q = rotate(torch.einsum("bnd,hde->bhne", x, wq) + bq[None, :, None], cos, sin)
-            k = rotate(torch.einsum("bnd,gde->bgne", x, wk) + bk[None, :, None], cos, sin)
-            allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
-                       & valid[:, None, :] & valid[:, :, None])[:, None]
-            for g, kept in enumerate(planes[layer.index]):
-                if not kept:
-                    continue
-                gram, rhs = _plane_normal_equations(q[:, g * group:(g + 1) * group],
-                                                    k[:, g:g + 1], allowed, kept, scaling)
-                for i, h in enumerate(range(g * group, (g + 1) * group)):
-                    old = systems.get((layer.index, h), (0.0, 0.0))
-                    systems[(layer.index, h)] = (old[0] + gram[i].numpy(),
-                                                 old[1] + rhs[i].numpy())
-        return hook
-
-    for layer in layers:
-        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
-            hook_for(layer), with_kwargs=True))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch in token_batches(tokenizer, texts, max_length, batch_size):
-                state["valid"] = batch["attention_mask"].bool()
-                model(**batch)
-    finally:
-        model.train(was_training)
-        for handle in hooks:
-            handle.remove()
-    return {key: _solve_plane_map(gram, rhs) for key, (gram, rhs) in systems.items()}
-
-
 def fold_plane_maps(compressed, planes, maps):
     """Fold each kept plane's ``a I + b J`` (:func:`plane_maps`) into the query projection of
     ``compressed`` in place: rows ``f, f + d_h/2`` of head ``h`` become ``a W_f - b W_{f+h}``
     and ``a W_{f+h} + b W_f`` (and the bias likewise), i.e. ``q -> a q + b rotate_half(q)``
-    on the plane."""
+    on the plane. Refused for a family that normalises its heads: the norm between the
+    projection and the rotation would undo it (:func:`shrunk_model` takes the maps)."""
     torch = require("torch")
     family, layers, _ = layers_of(compressed)
+    _refuse_normalised(layers, "fold plane maps into its query projection")
     by_index = {layer.index: layer for layer in layers}
     for (layer_index, head), (a, b) in maps.items():
         layer = by_index[layer_index]
         half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
-        kept = np.asarray(planes[layer_index][head // group], dtype=int)
+        kept = np.asarray(sorted(planes[layer_index][head // group]), dtype=int)
         slot = family.slots(layer, head, 0)[0]
         module = compressed.get_submodule(slot.module)
         first, second = slot.start + kept, slot.start + kept + half
@@ -328,14 +338,26 @@ def fold_plane_maps(compressed, planes, maps):
     return compressed
 
 
+def _refuse_normalised(layers, what):
+    normalised = [layer.attention_module for layer in layers if layer.normalised]
+    if normalised:
+        raise ValueError(
+            f"Cannot {what}: this model normalises each query and key head before its "
+            f"rotation ({normalised[0]}), so the projections stay whole and the kept channels "
+            "are taken after the norm; use shrunk_model or save_shrunk with the original "
+            "model (and the plane maps).")
+
+
 def zero_dropped(model, channels):
     """A copy of ``model`` whose dropped query and key channels (weights and biases) are zero.
 
     The copy computes what the shrunk model computes: a dropped channel adds nothing to any
-    logit. Every other weight is the original's.
+    logit. Every other weight is the original's. Refused for a family that normalises its
+    heads (zero rows of a projection would change the norm of the rest).
     """
     torch = require("torch")
     family, layers, _ = layers_of(model)
+    _refuse_normalised(layers, "zero the dropped channels of its projections")
     by_index = {layer.index: layer for layer in layers}
     compressed = copy.deepcopy(model)
     for entry in channels:
@@ -366,7 +388,8 @@ def qk_sizes(model, channels=None):
 
     Query and key weights and biases of the attention layers, and the key channels cached per
     token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
-    them).
+    them). A family that normalises its heads keeps its projections whole and adds ``q_turn``
+    (two numbers per kept query channel).
     """
     _, layers, _ = layers_of(model)
     d_model = layers[0].w_q.shape[1]
@@ -380,6 +403,9 @@ def qk_sizes(model, channels=None):
                 "key_cache_channels": {"original": cache, "compressed": cache}}
     width_q = sum(len(c) for entry in channels for c in entry["query"])
     width_k = sum(len(c) for entry in channels for c in entry["key"])
+    if layers[0].normalised:
+        return {"qk_parameters": {"original": original, "compressed": original + 2 * width_q},
+                "key_cache_channels": {"original": cache, "compressed": width_k}}
     return {"qk_parameters": {"original": original, "compressed":
                               (d_model + bias["q"]) * width_q + (d_model + bias["k"]) * width_k},
             "key_cache_channels": {"original": cache, "compressed": width_k}}
@@ -399,7 +425,7 @@ def _modeling_source(model, family):
     if not module.startswith("transformers.models."):
         raise ValueError(f"Writing the shrunk form needs a stock transformers model class. "
                          f"Got {stock.__module__}.{stock.__name__}.")
-    _, attention, factory = _ATTENTION[family.name]
+    attention, factory = _ATTENTION[family.name]
     if attention is None:  # a LLaMA-style family: the attention class of the model's module
         attention = next((name for name in dir(sys.modules[module])
                           if name.endswith("Attention") and name[:-len("Attention")]
@@ -428,13 +454,24 @@ def _auto_class(model):
     raise ValueError(f"No transformers auto class maps to {type(model).__name__}.")
 
 
-def _shrunk_state(model, family, layers, channels):
+def _shrunk_state(model, family, layers, channels, maps=None):
     """The compressed model's state dict with each query and key projection cut to its kept
     channels (rows of an ``nn.Linear``; for GPT-2's fused ``Conv1D``, ``[kept queries |
-    kept keys | values]`` columns). Every other tensor is the model's own."""
+    kept keys | values]`` columns). Every other tensor is the model's own. A family that
+    normalises its heads keeps its projections whole and takes each layer's ``q_turn``."""
     torch = require("torch")
     state = dict(model.state_dict())
     by_index = {layer.index: layer for layer in layers}
+    if layers[0].normalised:
+        dtype = next(model.parameters()).dtype
+        for entry in channels:
+            layer = by_index[entry["layer"]]
+            turn = _turn(layer, entry["query"], maps or {})
+            state[layer.attention_module + ".q_turn"] = torch.as_tensor(turn).to(dtype)
+        return state
+    if maps:
+        raise ValueError("Plane maps of a model without normalised heads are folded into its "
+                         "query projection (fold_plane_maps), not written beside it.")
     _check_dropped_are_zero(by_index, channels)
     for entry in channels:
         layer = by_index[entry["layer"]]
@@ -459,6 +496,22 @@ def _shrunk_state(model, family, layers, channels):
                 if key in state:
                     state[key] = state[key].index_select(0, rows).contiguous()
     return state
+
+
+def _turn(layer, query, maps):
+    """``(2, kept query channels)``: ``a`` and ``b`` of :func:`plane_maps` for each kept
+    channel of the layer's query heads (``query``: their kept channels, as
+    :func:`kept_channels` lists them), the identity where ``maps`` has no entry."""
+    half, rows = layer.head_dim // 2, []
+    for head, kept in enumerate(query):
+        planes = sorted({int(c) % half for c in kept})
+        a, b = maps.get((layer.index, head), (np.ones(len(planes)), np.zeros(len(planes))))
+        if len(a) != len(planes):
+            raise ValueError(f"Layer {layer.index}, query head {head}: {len(a)} plane maps for "
+                             f"{len(planes)} kept planes.")
+        by_plane = dict(zip(planes, zip(a, b, strict=True), strict=True))  # increasing planes
+        rows.extend(by_plane[int(c) % half] for c in kept)
+    return np.asarray(rows, dtype=np.float64).T.reshape(2, -1)
 
 
 def _check_dropped_are_zero(by_index, channels):
@@ -486,13 +539,47 @@ def _load_modeling(path, name):
     return getattr(module, name)
 
 
-def save_shrunk(model, channels, directory, *, tokenizer=None):
+def _built(model, family, layers, channels, maps, cls):
+    """``cls`` (the kept model's class) built on ``model``'s config and compressed weights."""
+    config = copy.deepcopy(model.config)
+    config.qk_channels = {"query": [e["query"] for e in channels],
+                          "key": [e["key"] for e in channels]}
+    dtype = next(model.parameters()).dtype
+    state = _shrunk_state(model, family, layers, channels, maps)
+    shrunk = cls(config).to(dtype)
+    missing, unexpected = shrunk.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k in dict(shrunk.named_parameters())]:
+        raise RuntimeError(f"The shrunk model does not take the compressed weights: missing "
+                           f"{missing}, unexpected {unexpected}.")
+    shrunk.eval()
+    shrunk.config.dtype = dtype
+    return shrunk
+
+
+def shrunk_model(model, channels, *, maps=None):
+    """The model of the kept channels in memory: what :func:`save_shrunk` writes.
+
+    ``model`` and ``channels`` as :func:`save_shrunk` takes them; ``maps`` (:func:`plane_maps`)
+    only for a family that normalises its heads (the original model, whose projections stay
+    whole; the maps become ``q_turn``), elsewhere already folded into ``model``.
+    """
+    family, layers, _ = layers_of(model)
+    name, source = _modeling_source(model, family)
+    module = types.ModuleType(f"_ebound_shrunk_{name}")
+    exec(compile(source, MODELING_FILE, "exec"), module.__dict__)  # the file save_shrunk writes
+    return _built(model, family, layers, channels, maps, getattr(module, name))
+
+
+def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None):
     """Write ``model`` with only its kept query and key channels to ``directory``.
 
     ``model`` is the compressed model in the original's shapes (its dropped channels zero or
     not: only the kept ones are written); ``channels`` as :func:`kept_channels` gives them.
-    The directory holds ``config.json`` (the original's, with ``qk_channels`` and
-    ``auto_map``), ``modeling_shrunk.py`` and the weights in the model's dtype; load it with
+    For a family that normalises its heads (Gemma 3) ``model`` is the original, whose
+    projections and norms are written whole, and ``maps`` (:func:`plane_maps`, optional) the
+    kept planes' scaled rotations, written as each layer's ``q_turn``. The directory holds
+    ``config.json`` (the original's, with ``qk_channels`` and ``auto_map``),
+    ``modeling_shrunk.py`` and the weights in the model's dtype; load it with
     ``AutoModel...from_pretrained(directory, trust_remote_code=True)``.
 
     Returns
@@ -504,26 +591,15 @@ def save_shrunk(model, channels, directory, *, tokenizer=None):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name, source = _modeling_source(model, family)
-    auto = _auto_class(model)
+    auto_map = {_auto_class(model): f"{MODELING_FILE[:-3]}.{name}"}
     (directory / MODELING_FILE).write_text(source, encoding="utf-8")
-    config = copy.deepcopy(model.config)
-    config.qk_channels = {"query": [e["query"] for e in channels],
-                          "key": [e["key"] for e in channels]}
-    config.auto_map = {auto: f"{MODELING_FILE[:-3]}.{name}"}
-    dtype = next(model.parameters()).dtype
-    cls = _load_modeling(directory / MODELING_FILE, name)
-    state = _shrunk_state(model, family, layers, channels)
-    shrunk = cls(config).to(dtype)
-    missing, unexpected = shrunk.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if k in dict(shrunk.named_parameters())]:
-        raise RuntimeError(f"The shrunk model does not take the compressed weights: missing "
-                           f"{missing}, unexpected {unexpected}.")
-    shrunk.eval()
-    shrunk.config.dtype = dtype
+    shrunk = _built(model, family, layers, channels, maps,
+                    _load_modeling(directory / MODELING_FILE, name))
+    shrunk.config.auto_map = auto_map
     shrunk.save_pretrained(directory)
     # save_pretrained names the dynamic class; the directory's loader is auto_map's
     written = json.loads((directory / "config.json").read_text())
-    written["auto_map"] = config.auto_map
+    written["auto_map"] = auto_map
     (directory / "config.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
     if hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(directory)

@@ -10,13 +10,22 @@ compression kept, ``config.qk_channels``:
      "key":   [layer][key head]   -> likewise}
 
 A query head keeps as many channels as its key head. Head ``h``'s logit is
-``q_h[kept] . k_g[kept] * scaling``, with ``g`` its key head and the original scaling
-(``1 / sqrt(d_h)``): the compressed model's logits exactly, since the dropped channels were
-zero. The kept channels of every head sit side by side in the projections' outputs, and the
-key cache holds them as one ``(batch, 1, tokens, kept key channels)`` tensor per layer (the
-values keep their stock shape). A rotary model keeps whole rotary planes (channels ``f`` and
+``q_h[kept] . k_g[kept] * scaling``, with ``g`` its key head and the stock attention's
+scaling (``1 / sqrt(d_h)``; Gemma's ``query_pre_attn_scalar ** -0.5``): the compressed
+model's logits exactly, since the dropped channels were zero. The kept channels of every
+head sit side by side in the projections' outputs, and the key cache holds them as one
+``(batch, 1, tokens, kept key channels)`` tensor per layer (the values keep their stock
+shape). A rotary model keeps whole rotary planes (channels ``f`` and
 ``f + d_h / 2`` together), so its kept channels are rotated by their own rows of the rotary
 tables, before they are cached, as the stock model does.
+
+Gemma 3 normalises every query and key head (an RMS norm over its whole ``d_h`` channels, with
+gains) before the rotation, so its projections and norms keep their stock shapes and weights:
+the kept channels are taken from the normalised heads, and only they are rotated, enter the
+logits and are cached. Each kept plane of a query head may be turned and scaled, ``q -> a q +
+b J q`` (``J`` the plane's quarter turn, which commutes with its rotations), by the layer's
+``q_turn`` (``(2, kept query channels)``: ``a`` then ``b`` per kept channel): after the norm no
+weight of the stock model can hold it.
 """
 
 import torch
@@ -51,6 +60,9 @@ class KeptChannels(nn.Module):
         # uninitialised by a loader that builds the model on the meta device).
         self._lists = ({name: self._rotation(heads, head_dim)
                         for name, heads in (("q", query), ("k", key))} if rotary else {})
+        # each kept entry's place among the heads' channels side by side (h d_h + c)
+        self._index = {name: [h * head_dim + c for h, channels in enumerate(heads)
+                              for c in channels] for name, heads in (("q", query), ("k", key))}
         self._tables = {}
 
     @staticmethod
@@ -70,19 +82,37 @@ class KeptChannels(nn.Module):
             start += len(channels)
         return column, partner, sign
 
-    def rotate(self, x, cos, sin, name):
-        """``x cos + rotate_half(x) sin`` on kept channels ``x`` (``(b, n, width)``)."""
+    def _table(self, name, x):
         key = (name, x.device, x.dtype)
         if key not in self._tables:
             column, partner, sign = self._lists[name]
             self._tables[key] = (torch.tensor(column, dtype=torch.long, device=x.device),
                                  torch.tensor(partner, dtype=torch.long, device=x.device),
-                                 torch.tensor(sign, dtype=x.dtype, device=x.device))
-        column, partner, sign = self._tables[key]
+                                 torch.tensor(sign, dtype=x.dtype, device=x.device),
+                                 torch.tensor(self._index[name], dtype=torch.long,
+                                              device=x.device))
+        return self._tables[key]
+
+    def rotate(self, x, cos, sin, name):
+        """``x cos + rotate_half(x) sin`` on kept channels ``x`` (``(b, n, width)``)."""
+        column, partner, sign, _ = self._table(name, x)
         return x * cos[..., column] + x[..., partner] * sign * sin[..., column]
 
-    def attention(self, query, key, value, attention_mask, scaling, dropout, training):
-        """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head.
+    def select(self, x, name):
+        """The kept channels (``(b, n, width)``) of every head's whole channels side by side
+        (``(b, n, heads * d_h)``)."""
+        return x[..., self._table(name, x)[3]]
+
+    def turn(self, x, a, b, name="q"):
+        """``a x + b rotate_half(x)`` on kept channels ``x``, ``a`` and ``b`` one per kept
+        channel (equal on the two channels of a plane): a scaled rotation of each plane."""
+        _, partner, sign, _ = self._table(name, x)
+        return x * a + x[..., partner] * sign * b
+
+    def attention(self, query, key, value, attention_mask, scaling, dropout, training,
+                  softcap=None):
+        """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head (the scaled
+        logits capped at ``softcap tanh(. / softcap)`` first when ``softcap`` is given).
 
         ``query`` ``(b, n, q_size)``, ``key`` ``(b, 1, m, k_size)`` (as cached), ``value``
         ``(b, n_kv, m, d_h)``. Returns ``(b, n, n_heads * d_h)`` and the weights.
@@ -99,6 +129,8 @@ class KeptChannels(nn.Module):
             q_start += self.group * width
             k_start += width
         weights = torch.cat(logits, dim=1) * scaling
+        if softcap is not None:
+            weights = torch.tanh(weights / softcap) * softcap
         if attention_mask is not None:
             if attention_mask.dtype == torch.bool:
                 weights = weights.masked_fill(~attention_mask[..., :m],
@@ -158,6 +190,50 @@ def rotary_attention(stock):
             return self.o_proj(out), weights
 
     return KeptRotaryAttention
+
+
+def gemma3_attention(stock):
+    """Gemma 3's attention (``q_proj``/``k_proj``/``v_proj``/``o_proj``, per-head ``q_norm`` and
+    ``k_norm``, rotary embeddings of the layer's type, grouped keys) with kept query and key
+    channels: the projections and norms are the stock ones, the kept channels of the
+    normalised heads are turned by ``q_turn`` (queries), rotated, and alone enter the logits
+    and the cache. The sliding window is in ``attention_mask``, as the stock model builds it
+    per layer type; a ``softcap`` passed through the keywords caps the logits as the stock
+    eager attention does."""
+
+    class KeptGemma3Attention(stock):
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            query, key = _kept(config, layer_idx)
+            self.kept = KeptChannels(query, key, self.head_dim, rotary=True)
+            # a (row 0) and b (row 1) of each kept query channel: the identity unless fitted
+            self.q_turn = nn.Parameter(torch.cat([torch.ones(1, self.kept.q_size),
+                                                  torch.zeros(1, self.kept.q_size)]).to(
+                self.q_proj.weight.dtype))
+
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
+                    cache=None, past_key_values=None, **kwargs):
+            cache = past_key_values if cache is None else cache
+            b, n = hidden_states.shape[:-1]
+            shape = (b, n, -1, self.head_dim)
+            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+            # the norms act on each head's whole channels, in (b, n, heads, d_h) as in the
+            # stock (b, heads, n, d_h): the same per-head numbers
+            query = self.q_norm(self.q_proj(hidden_states).view(shape)).reshape(b, n, -1)
+            key = self.k_norm(self.k_proj(hidden_states).view(shape)).reshape(b, n, -1)
+            query = self.kept.turn(self.kept.select(query, "q"), self.q_turn[0],
+                                   self.q_turn[1])
+            cos, sin = position_embeddings
+            query = self.kept.rotate(query, cos, sin, "q")
+            key = self.kept.rotate(self.kept.select(key, "k"), cos, sin, "k")[:, None]
+            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
+            out, weights = self.kept.attention(
+                query, key, value, attention_mask, self.scaling,
+                0.0 if not self.training else self.attention_dropout, self.training,
+                softcap=kwargs.get("softcap"))
+            return self.o_proj(out), weights
+
+    return KeptGemma3Attention
 
 
 def gpt2_attention(stock):

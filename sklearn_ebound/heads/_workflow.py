@@ -40,6 +40,7 @@ from ._shrink import (
     plane_plan,
     qk_sizes,
     save_shrunk,
+    shrunk_model,
     zero_dropped,
 )
 
@@ -133,8 +134,8 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     Parameters
     ----------
     model : transformers model or path
-        A Hugging Face model (BERT-, GPT-2- or LLaMA-style) or the directory of a saved one.
-        It is not modified.
+        A Hugging Face model (BERT-, GPT-2-, LLaMA-style or Gemma 3) or the directory of a
+        saved one. It is not modified.
     texts : list of str
         Real text, one sentence or passage per entry; at least 4 non-empty.
     tokenizer : transformers tokenizer, default=None
@@ -165,14 +166,17 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         ``"shrunk"``: forms whose written tensors are smaller. A head without rotary
         embeddings keeps query and key maps of width ``r`` (the plan's rank-``r`` factors);
         a rotary head keeps whole rotary planes per key head, shared by its query group
-        (:func:`~._shrink.plane_plan`); ``out`` then holds a model of the kept widths.
+        (:func:`~._shrink.plane_plan`), of its normalised queries and keys where the family
+        normalises them (Gemma 3: the projections and norms stay whole, the kept channels are
+        taken after the norm); ``out`` then holds a model of the kept widths.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache).
     fit_planes : bool, default=True
         With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
         the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
-        into the query map) that best makes up, on the calibration half, for the planes
-        dropped (:func:`~._shrink.plane_maps`); ``False`` keeps the planes as they are.
+        into the query map, or after a norm is the written attention's ``q_turn``) that best
+        makes up, on the calibration half, for the planes dropped
+        (:func:`~._shrink.plane_maps`); ``False`` keeps the planes as they are.
     calibration : float, default=0.5
         Fraction of the texts in the calibration half.
     max_length : int, default=128
@@ -198,7 +202,10 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     -------
     compressed : transformers model
         The compressed model in the original's class and shapes (the query and key columns
-        it drops are zero), the one written to ``out``.
+        it drops are zero), the one written to ``out``; for a family that normalises its
+        heads before the rotation (Gemma 3), whose stock class cannot drop a channel after
+        the norm, the model of the kept channels that ``out`` holds
+        (:func:`~._shrink.shrunk_model`).
     report : CompressionReport
     """
     budget = _check_options(budget, eps, allocation, train_steps, refine, refit, calibration,
@@ -211,6 +218,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     allocation, train_steps, refine, refit = _resolve_auto(language_model, allocation,
                                                            train_steps, refine, refit)
     rotary_shrunk = form == "shrunk" and check_shrinkable(model)
+    normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
     if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
         raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
                          "original maps: it takes no trained pairs, refinement nor refit "
@@ -234,8 +242,9 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
                          train_steps=train_steps)
         kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
-    compressed, channels = _compressed(job, result, plan, method, sensitivity,
-                                       calibration_texts, rotary_shrunk, fit_planes, form)
+    compressed, channels, maps = _compressed(job, result, plan, method, sensitivity,
+                                             calibration_texts, rotary_shrunk, normalised,
+                                             fit_planes, form)
     evaluation = [texts[i] for i in result.evaluation_index]
     fidelity = _fidelity(model, compressed, evaluation, tokenizer, max_length, language_model)
     written = compressed
@@ -246,7 +255,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
                            plan, texts)
         fidelity["refit_lines"] = len(texts)
     if out is not None:
-        _write(written, channels, Path(out), form, tokenizer)
+        _write(model if normalised else written, channels, Path(out), form, tokenizer, maps)
     sizes = qk_sizes(model, channels)
     return written, CompressionReport(
         _per_head(result, plan, train_steps), deficiency=result, plan=plan, fidelity=fidelity,
@@ -336,31 +345,37 @@ def _refined(job, compressed, plan, lines):
 
 
 def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
-                fit_planes, form):
-    """The compressed model and the channels it keeps (``None`` for ``form="query"``): whole
+                normalised, fit_planes, form):
+    """The compressed model, the channels it keeps (``None`` for ``form="query"``) and the
+    plane maps its written attention holds (``None`` but for a ``normalised`` family): whole
     rotary planes per key head (their scaled rotations fitted with ``fit_planes``), or each
-    head's planned rank-``r`` form, refined on the calibration half."""
+    head's planned rank-``r`` form, refined on the calibration half. A family that normalises
+    its heads before the rotation keeps its projections whole: the model of the kept
+    channels itself."""
     model, tokenizer = job.model, job.tokenizer
     if rotary_shrunk:
         planes = plane_plan(model, plan, calibration_texts, tokenizer=tokenizer,
                             sensitivity=sensitivity, max_length=job.max_length)
         channels = kept_channels(model, planes=planes)
+        fitted = plane_maps(model, planes, calibration_texts, tokenizer=tokenizer,
+                            max_length=job.max_length) if fit_planes else None
+        if normalised:
+            return shrunk_model(model, channels, maps=fitted), channels, fitted
         compressed = zero_dropped(model, channels)
-        if fit_planes:
-            fold_plane_maps(compressed, planes, plane_maps(
-                model, planes, calibration_texts, tokenizer=tokenizer,
-                max_length=job.max_length))
-        return compressed, channels
+        if fitted is not None:
+            fold_plane_maps(compressed, planes, fitted)
+        return compressed, channels, None
     compressed = _refined(job, compress_heads(model, result, plan, method=method), plan,
                           calibration_texts)
-    return compressed, kept_channels(model, plan=plan) if form == "shrunk" else None
+    return compressed, kept_channels(model, plan=plan) if form == "shrunk" else None, None
 
 
-def _write(written, channels, target, form, tokenizer):
-    """Write the model and its tokenizer to ``target``: shrunk to the kept widths, or in the
-    model's own class."""
+def _write(written, channels, target, form, tokenizer, maps=None):
+    """Write the model and its tokenizer to ``target``: shrunk to the kept widths (with the
+    plane ``maps`` of a normalised family, ``written`` then the original), or in the model's
+    own class."""
     if form == "shrunk":
-        save_shrunk(written, channels, target, tokenizer=tokenizer)
+        save_shrunk(written, channels, target, tokenizer=tokenizer, maps=maps)
     else:
         target.mkdir(parents=True, exist_ok=True)
         written.save_pretrained(target)
