@@ -159,10 +159,10 @@ def _check_llama(model, name):
 def think_planes(model, budget, texts, tokenizer, *, max_length=64):
     """ThinK's rotary planes per key head at a share ``budget`` of the key cache:
     ``{layer index: [[plane, ...] per key head]}`` (as :func:`~._shrink.plane_plan` gives)."""
-    from sklearn_ebound.heads._shrink import _projection_energies
+    from sklearn_ebound.heads._shrink import _head_energies
 
-    family, layers = _check_llama(model, "ThinK's pair pruning")
-    energies = _projection_energies(model, family, layers, texts, tokenizer, max_length)
+    _, layers = _check_llama(model, "ThinK's pair pruning")
+    energies = _head_energies(model, layers, texts, tokenizer, max_length)
     orders, shares = [], []
     for layer in layers:
         half = layer.head_dim // 2
