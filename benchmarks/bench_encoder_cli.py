@@ -26,6 +26,12 @@ import time
 from pathlib import Path
 
 
+def _qk_parameters(model):
+    """The number of query and key weights and biases of a BERT-style encoder."""
+    return sum(p.numel() for name, p in model.named_parameters()
+               if ".attention.self.query." in name or ".attention.self.key." in name)
+
+
 def _split(sentences, name, n):
     """``(calibration, held out)`` lines of split ``name``."""
     import numpy as np
@@ -95,16 +101,20 @@ def main(argv=None):
             with tempfile.TemporaryDirectory() as tmp:
                 seconds, plan, target = _run(model_dir, calibration, args.budget, extra,
                                              Path(tmp))
-                written = AutoModel.from_pretrained(target).eval()
+                # The default form of an encoder is the shrunk one: its own modeling file.
+                written = AutoModel.from_pretrained(target, trust_remote_code=True).eval()
+                qk = _qk_parameters(written) / _qk_parameters(original)
                 a = embedding_fidelity(original, written, held, tokenizer)
                 b = embedding_fidelity(original, written, other, tokenizer)
             cosine = np.asarray(a.column("cosine"))
             row = {"split": name, "setting": setting, "seconds": seconds, "plan": plan,
+                   "qk_parameters_ratio": qk,
                    "held_out_mean": a.mean_cosine, "held_out_min": a.min_cosine,
                    "other_mean": b.mean_cosine, "other_min": b.min_cosine,
                    "worst_held_out": [held[i] for i in cosine.argsort()[:2]]}
             out["rows"].append(row)
-            print(f"{name:4s} {setting:14s} {seconds:5.0f} s  held out {a.mean_cosine:.4f} / "
+            print(f"{name:4s} {setting:14s} {seconds:5.0f} s  q/k parameters {qk:.3f}x  "
+                  f"held out {a.mean_cosine:.4f} / "
                   f"{a.min_cosine:.4f}   other subject {b.mean_cosine:.4f} / "
                   f"{b.min_cosine:.4f}", flush=True)
     for setting in settings:

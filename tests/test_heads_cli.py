@@ -167,7 +167,11 @@ def test_heads_compress_budget(tiny_bert_with_tokenizer, tmp_path, capsys):
     for row in payload["eps_ranks"]["rows"]:
         assert row["plan_error_trained"] <= row["plan_error"]
     assert -1 <= payload["fidelity"]["min"] <= payload["fidelity"]["mean"] <= 1
-    loaded = transformers.AutoModel.from_pretrained(target, local_files_only=True)
+    # An encoder's default form is the shrunk one: the same model in query and key maps of
+    # the planned widths, loaded with its own modeling file.
+    assert payload["form"] == "shrunk"
+    loaded = transformers.AutoModel.from_pretrained(target, local_files_only=True,
+                                                    trust_remote_code=True)
     original = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True)
     changed = {k for k, v in original.state_dict().items()
                if not np.array_equal(v.numpy(), loaded.state_dict()[k].numpy())}
@@ -200,7 +204,7 @@ def _compress_refined(model_dir, text, out, mode):
                      str(out / "m"), "--budget", "0.5", "--train-steps", "0", "--refine", mode,
                      "--out", str(out / "o")]) == 0
     return report.getvalue(), transformers.AutoModel.from_pretrained(
-        out / "m", local_files_only=True).state_dict()
+        out / "m", local_files_only=True, trust_remote_code=True).state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -298,8 +302,9 @@ def test_heads_compress_refit_writes_the_fit_on_every_line(tiny_bert_with_tokeni
         target, out = tmp_path / mode, tmp_path / f"o-{mode}"
         assert _run(["heads", str(model_dir), "--text", str(text), "--compress", str(target),
                      "--budget", "0.5", "--train-steps", "2", "--refine", "none", "--refit",
-                     mode, "--json", "--out", str(out)]) == 0
+                     mode, "--form", "query", "--json", "--out", str(out)]) == 0
         payload = json.loads(capsys.readouterr().out)
+        # In the original shapes (--form query), the written weights are refit_heads' own.
         runs[mode] = payload, transformers.AutoModel.from_pretrained(
             target, local_files_only=True).state_dict()
     (fit_all, written), (fit_split, measured) = runs["all"], runs["none"]

@@ -50,7 +50,7 @@ __all__ = ["CompressionReport", "compress_model", "ENCODER_AUTO", "LANGUAGE_MODE
 ALLOCATIONS = ("auto", "greedy", "fisher", "taylor", "uniform")
 REFINES = ("auto", "none", "sequential", "distill")
 REFITS = ("auto", "all", "none")
-FORMS = ("shrunk", "query")
+FORMS = ("shrunk", "query", "auto")
 DEFAULT_BUDGET = 0.4
 
 
@@ -162,7 +162,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         ``"all"``: once measured, the plan's heads are fitted again (and refined) on every
         line, and that model is returned and written; ``"auto"``: ``"all"`` for an encoder,
         ``"none"`` for a causal language model.
-    form : {"shrunk", "query"}, default="shrunk"
+    form : {"shrunk", "query", "auto"}, default="shrunk"
         ``"shrunk"``: forms whose written tensors are smaller. A head without rotary
         embeddings keeps query and key maps of width ``r`` (the plan's rank-``r`` factors);
         a rotary head keeps whole rotary planes per key head, shared by its query group
@@ -170,7 +170,10 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         normalises them (Gemma 3: the projections and norms stay whole, the kept channels are
         taken after the norm); ``out`` then holds a model of the kept widths.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
-        head's rank-``r`` map on its query; nothing shrinks in the key cache).
+        head's rank-``r`` map on its query; nothing shrinks in the key cache). ``"auto"``:
+        ``"shrunk"`` for heads without rotary embeddings (the same model in smaller tensors)
+        and for heads normalised before their rotation, ``"query"`` for other rotary heads
+        (it keeps more of the model; the report says it saves nothing).
     fit_planes : bool, default=True
         With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
         the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
@@ -217,6 +220,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     language_model = is_language_model(model)
     allocation, train_steps, refine, refit = _resolve_auto(language_model, allocation,
                                                            train_steps, refine, refit)
+    form = _resolve_form(form, model)
     rotary_shrunk = form == "shrunk" and check_shrinkable(model)
     normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
     if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
@@ -342,6 +346,21 @@ def _refined(job, compressed, plan, lines):
     if bar is not None:
         bar(1, 1)  # early stopping may end before the last epoch
     return distilled
+
+
+def _resolve_form(form, model):
+    """``form="auto"``: ``"shrunk"`` where it is the same model in smaller tensors (heads
+    without rotary embeddings) or the only form (heads normalised before their rotation),
+    ``"query"`` for other rotary heads, whose query-side form keeps more of the model
+    (SmolLM2-135M at 50%: next-token KL 0.051 against 0.260 with whole planes) but saves
+    nothing in the key cache."""
+    if form != "auto":
+        return form
+    try:
+        rotary = check_shrinkable(model)
+    except ValueError:  # a family without a shrunk form
+        return "query"
+    return "shrunk" if not rotary or check_shrinkable(model, normalised=True) else "query"
 
 
 def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
