@@ -366,7 +366,11 @@ def test_cli_writes_the_causal_lm_it_loaded(tmp_path, capsys, monkeypatch):
     columns = set(payload["eps_ranks"]["rows"][0])
     assert any(c.startswith("data_rank_") for c in columns)
     assert not any(c.startswith("weight_rank_") for c in columns)
+    # GPT-2 has no rotary embeddings: --form auto writes the shrunk form, the causal-LM
+    # class it was given with query and key maps of the kept widths.
+    assert payload["form"] == "shrunk"
     loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
-        target, local_files_only=True, output_loading_info=True)
-    assert type(loaded) is transformers.GPT2LMHeadModel and not info["missing_keys"]
+        target, local_files_only=True, output_loading_info=True, trust_remote_code=True)
+    assert isinstance(loaded, transformers.GPT2LMHeadModel) and not info["missing_keys"]
+    assert type(loaded).__name__ == "KeptGPT2LMHeadModel"
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
