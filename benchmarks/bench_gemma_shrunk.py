@@ -29,14 +29,7 @@ import time
 from pathlib import Path
 
 from _held_out import KINDS, held_out_sentences
-
-
-def _cache_bytes(model, ids):
-    import torch
-
-    with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
-    return sum(layer.keys.numel() * layer.keys.element_size() for layer in cache.layers)
+from bench_shrunk_decoder import cache_bytes
 
 
 def main(argv=None):
@@ -73,7 +66,7 @@ def main(argv=None):
     texts = docstring_sentences()[:args.n_texts]
     held = held_out_sentences(args.held_out, texts)[:args.n_held_out]
     ids = tokenizer(" ".join(held * 8), return_tensors="pt")["input_ids"][:, :args.context]
-    keys0 = _cache_bytes(model, ids)
+    keys0 = cache_bytes(model, ids)[0]
     p0 = perplexity(model, held, tokenizer, max_length=128, batch_size=1)
     figures = {"model": Path(args.model).name, "class": type(model).__name__,
                "n_texts": len(texts), "held_out": args.held_out, "n_held_out": len(held),
@@ -94,7 +87,7 @@ def main(argv=None):
                 del compressed
                 shrunk = transformers.AutoModelForCausalLM.from_pretrained(
                     folder, trust_remote_code=True).eval()
-                keys = _cache_bytes(shrunk, ids)
+                keys = cache_bytes(shrunk, ids)[0]
                 p1 = perplexity(shrunk, held, tokenizer, max_length=128, batch_size=1)
                 kl = next_token_kl(model, shrunk, held, tokenizer, max_length=128,
                                    batch_size=1)

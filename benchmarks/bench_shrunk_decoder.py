@@ -28,7 +28,8 @@ from pathlib import Path
 from _held_out import held_out_sentences
 
 
-def _cache_bytes(model, ids):
+def cache_bytes(model, ids):
+    """Bytes of the keys and of the values a forward pass over ``ids`` caches."""
     import torch
 
     with torch.no_grad():
@@ -69,7 +70,7 @@ def main(argv=None):
     texts = docstring_sentences()[:args.n_texts]
     held = held_out_sentences("modules", texts)[:args.n_held_out]
     ids = tokenizer(" ".join(held * 8), return_tensors="pt")["input_ids"][:, :args.context]
-    keys0, values0 = _cache_bytes(model, ids)
+    keys0, values0 = cache_bytes(model, ids)
     p0 = perplexity(model, held, tokenizer, max_length=128, batch_size=1)
     figures = {"model": type(model).__name__, "n_texts": len(texts), "n_held_out": len(held),
                "context": int(ids.shape[1]), "fit_planes": not args.no_fit_planes,
@@ -86,7 +87,7 @@ def main(argv=None):
             seconds = time.perf_counter() - start
             shrunk = transformers.AutoModelForCausalLM.from_pretrained(
                 Path(tmp) / f"shrunk-{budget:g}", trust_remote_code=True).eval()
-            keys, values = _cache_bytes(shrunk, ids)
+            keys, values = cache_bytes(shrunk, ids)
             p1 = perplexity(shrunk, held, tokenizer, max_length=128, batch_size=1)
             kl = next_token_kl(model, shrunk, held, tokenizer, max_length=128, batch_size=1)
             query, _ = compress_model(model, texts, tokenizer=tokenizer, budget=budget,
