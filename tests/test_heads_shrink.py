@@ -427,3 +427,49 @@ def test_gemma3_projections_are_not_cut_nor_folded(tmp_path):
     with pytest.raises(ValueError, match="folded into its query projection"):
         save_shrunk(_model("llama"), kept_channels(_model("llama"), planes=planes),
                     tmp_path / "llama", maps=maps)
+
+
+@pytest.mark.parametrize("mask", ["float", "bool", None])
+def test_fused_attention_equals_the_eager_one(mask):
+    # torch's fused kernel, one call a key head, against the eager logits and softmax: key
+    # heads of unequal widths (one of width 0: every key the logit 0), two queries a key head,
+    # a padded key masked out of the first row
+    from sklearn_ebound.heads._shrunk_modeling import KeptChannels
+
+    kept = KeptChannels([[0, 1], [2, 3], [], [], [0, 2, 4, 6], [1, 3, 5, 7]],
+                        [[0, 1], [], [0, 2, 4, 6]], head_dim=8, rotary=False)
+    gen = torch.Generator().manual_seed(0)
+    b, n, m = 2, 5, 7
+    query = torch.randn(b, n, kept.q_size, generator=gen)
+    key = torch.randn(b, 1, m, kept.k_size, generator=gen)
+    value = torch.randn(b, 3, m, 8, generator=gen)
+    allowed = torch.ones(b, 1, n, m, dtype=torch.bool)
+    allowed[0, ..., 0] = False
+    allowed &= torch.ones(n, m, dtype=torch.bool).tril(m - n)
+    attention_mask = {"bool": allowed, None: None,
+                      "float": torch.zeros(b, 1, n, m).masked_fill(
+                          ~allowed, torch.finfo(torch.float32).min)}[mask]
+    fused, none = kept.attention(query, key, value, attention_mask, 0.3, 0.0, False,
+                                 weights=False)
+    eager, weights = kept.attention(query, key, value, attention_mask, 0.3, 0.0, False,
+                                    weights=True)
+    assert none is None and weights.shape == (b, 6, n, m)
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    # the width-0 key head's queries (heads 2 and 3) average the values they may see
+    seen = allowed[:, 0].float() if mask is not None else torch.ones(b, n, m)
+    mean = (seen @ value[:, 1]) / seen.sum(-1, keepdim=True)
+    torch.testing.assert_close(fused[..., 16:24], mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[..., 24:32], mean, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_weights_are_returned_when_asked(tmp_path):
+    # the fused kernel returns no weights: output_attentions=True runs the eager attention
+    model = _model("llama")
+    channels = kept_channels(model, planes={i: [[0, 2], [1]] for i in range(2)})
+    shrunk = shrunk_model(zero_dropped(model, channels), channels)
+    with torch.no_grad():
+        plain = shrunk(torch.tensor(PROMPT)).logits
+        asked = shrunk(torch.tensor(PROMPT), output_attentions=True)
+    assert len(asked.attentions) == 2 and all(a is not None for a in asked.attentions)
+    assert asked.attentions[0].shape == (1, 4, 6, 6)
+    torch.testing.assert_close(asked.logits, plain, rtol=1e-5, atol=1e-6)

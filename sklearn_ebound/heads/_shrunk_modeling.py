@@ -110,13 +110,46 @@ class KeptChannels(nn.Module):
         return x * a + x[..., partner] * sign * b
 
     def attention(self, query, key, value, attention_mask, scaling, dropout, training,
-                  softcap=None):
+                  softcap=None, weights=None):
         """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head (the scaled
         logits capped at ``softcap tanh(. / softcap)`` first when ``softcap`` is given).
 
         ``query`` ``(b, n, q_size)``, ``key`` ``(b, 1, m, k_size)`` (as cached), ``value``
-        ``(b, n_kv, m, d_h)``. Returns ``(b, n, n_heads * d_h)`` and the weights.
+        ``(b, n_kv, m, d_h)``. Returns ``(b, n, n_heads * d_h)`` and the weights: ``None``
+        when torch's fused ``scaled_dot_product_attention`` computed it, as it does unless
+        the logits are capped or the weights are asked for (``weights=True``, or the model
+        called with ``output_attentions=True``).
         """
+        if softcap is None and not (_attentions_recorded() if weights is None else weights):
+            return self._fused(query, key, value, attention_mask, scaling,
+                               dropout if training else 0.0), None
+        return self._eager(query, key, value, attention_mask, scaling, dropout, training,
+                           softcap)
+
+    def _fused(self, query, key, value, attention_mask, scaling, dropout):
+        """The attention by ``scaled_dot_product_attention``, one call a key head (its query
+        group against it; a key head of width 0 gives every key the logit 0)."""
+        b, n, _ = query.shape
+        keys = key[:, 0]
+        m = keys.shape[1]
+        mask = None if attention_mask is None else attention_mask[..., :m]
+        out, q_start, k_start = [], 0, 0
+        for g, width in enumerate(self.k_width):
+            q = query[..., q_start:q_start + self.group * width]
+            k = keys[..., k_start:k_start + width]
+            q_start, k_start = q_start + self.group * width, k_start + width
+            if width == 0:  # every logit 0: one zero channel gives the same
+                q, k, width = query.new_zeros(b, n, self.group), keys.new_zeros(b, m, 1), 1
+            # the group's queries against its key head, shared (a view, not a copy)
+            q = q.reshape(b, n, self.group, width).transpose(1, 2)
+            k = k[:, None].expand(b, self.group, m, width)
+            v = value[:, g:g + 1].expand(b, self.group, m, value.shape[-1])
+            out.append(nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling))
+        return torch.cat(out, dim=1).transpose(1, 2).reshape(b, n, -1).contiguous()
+
+    def _eager(self, query, key, value, attention_mask, scaling, dropout, training, softcap):
+        """The logits, their softmax and the values, step by step (the weights returned)."""
         b, n, _ = query.shape
         keys = key[:, 0]
         m = keys.shape[1]
@@ -142,6 +175,19 @@ class KeptChannels(nn.Module):
         values = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
         out = torch.matmul(weights, values).transpose(1, 2)
         return out.reshape(b, n, -1).contiguous(), weights
+
+
+def _attentions_recorded():
+    """Whether the running forward pass records the attention weights (the model called
+    with ``output_attentions=True``); ``True`` when this transformers does not say."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return True
+    try:
+        return "attentions" in (_active_collector.get() or {})
+    except LookupError:  # called outside a model's forward pass
+        return False
 
 
 def _kept(config, layer_idx):
@@ -263,7 +309,8 @@ def gpt2_attention(stock):
             key, value = _cached(cache, key[:, None], value, self.layer_idx, kwargs)
             out, weights = self.kept.attention(
                 query, key, value, attention_mask, self.scaling,
-                self.attn_dropout.p if self.training else 0.0, self.training)
+                self.attn_dropout.p if self.training else 0.0, self.training,
+                weights=output_attentions or None)
             return self.resid_dropout(self.c_proj(out)), weights
 
     return KeptGPT2Attention
@@ -298,7 +345,9 @@ def kept_model(stock_model, stock_attention, make_attention):
     """``stock_model`` whose ``stock_attention`` blocks are ``make_attention(stock_attention)``.
 
     The blocks are replaced after the stock constructor, each with its own layer index;
-    the attention runs eagerly (the kept widths are not a stock kernel's shapes).
+    the model builds its masks as for the stock eager attention (the kept widths are not a
+    stock kernel's shapes), and :meth:`KeptChannels.attention` runs them through torch's fused
+    kernel, one call a key head.
     """
     kept_attention = make_attention(stock_attention)
 
