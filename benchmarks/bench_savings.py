@@ -23,10 +23,12 @@ form). For each model:
   them a calibration line).
 
 The package's and ThinK's planes and Palu's latents are all fitted on the same calibration
-half of the lines, and the peers keep as many key channels as the package's plan does. A
-model the shrunk form refuses (Gemma 3: its query-key norms) is measured alone, the refusal
-recorded. Torch runs on ``--threads`` threads (the JSON says how many); ``--eager-original``
-times the original with eager attention too, the code path of the shrunk forms' attention.
+half of the lines, and the peers keep as many key channels as the package's plan does. The
+peers are written for LLaMA-style heads: on a family that normalises its heads (Gemma 3) they
+are left out and the reason recorded, as is a model the shrunk form refuses (measured alone).
+Torch runs on ``--threads`` threads (the JSON says how many); ``--eager-original`` times the
+original with eager attention too (the stock path; the shrunk forms run torch's fused kernel
+per key head unless the weights are asked for).
 
     python benchmarks/bench_savings.py [MODEL] [--budgets 0.5,0.3] [--out FILE] [--plot PNG]
     python benchmarks/bench_savings.py --quick      # a tiny random LLaMA model, seconds
@@ -131,6 +133,23 @@ def timings(models, ids, new_tokens, repeats):
                      "decode_seconds": [r[1] for r in rows],
                      "key_cache_bytes": rows[0][2], "value_cache_bytes": rows[0][3]}
     return out
+
+
+def _peers(model, share, calibration, tokenizer, think_dir):
+    """The peers at a share ``share`` of the key channels: Palu's latent keys (in memory) and
+    ThinK's pairs (written in the package's shrunk form to ``think_dir``, loaded back)."""
+    import transformers
+
+    from sklearn_ebound.heads._shrink import kept_channels, save_shrunk, zero_dropped
+
+    stats = activation_statistics(model, calibration, tokenizer, max_length=64)
+    palu = palu_latent(model, share, stats).eval()
+    planes = think_planes(model, share, calibration, tokenizer, max_length=64)
+    channels = kept_channels(model, planes=planes)
+    save_shrunk(zero_dropped(model, channels), channels, think_dir, tokenizer=tokenizer)
+    think = transformers.AutoModelForCausalLM.from_pretrained(
+        think_dir, trust_remote_code=True).eval()
+    return {PALU: palu, THINK: think}
 
 
 def _tiny_model(texts):
@@ -289,7 +308,6 @@ def main(argv=None):
     import transformers
 
     from sklearn_ebound.heads import compress_model, docstring_sentences, load_pretrained
-    from sklearn_ebound.heads._shrink import kept_channels, save_shrunk, zero_dropped
 
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -341,14 +359,11 @@ def main(argv=None):
             # the peers keep as many key channels as the package's planes do
             kept = result.key_cache_channels
             share = kept["compressed"] / kept["original"]
-            stats = activation_statistics(model, calibration, tokenizer, max_length=64)
-            candidates[PALU] = palu_latent(model, share, stats).eval()
-            planes = think_planes(model, share, calibration, tokenizer, max_length=64)
-            channels = kept_channels(model, planes=planes)
-            save_shrunk(zero_dropped(model, channels), channels, Path(tmp) / f"think-{budget:g}",
-                        tokenizer=tokenizer)
-            candidates[THINK] = transformers.AutoModelForCausalLM.from_pretrained(
-                Path(tmp) / f"think-{budget:g}", trust_remote_code=True).eval()
+            try:
+                candidates.update(_peers(model, share, calibration, tokenizer,
+                                         Path(tmp) / f"think-{budget:g}"))
+            except ValueError as error:  # the peers are written for LLaMA-style heads
+                report["refused"].append(f"budget {budget:g}, peers: {error}")
             if args.eager_original:
                 candidates[EAGER] = eager
             timed = timings({"original": model, **candidates}, ids, args.new_tokens,
