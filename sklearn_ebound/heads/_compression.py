@@ -292,6 +292,30 @@ def _trainable_masks(model, family, by_index, todo):
     return masks, {}
 
 
+def _kept_trainable(model, compressed, channels):
+    """Masks of the kept query and key channels of a shrunk form in the original's shapes."""
+    from ._shrink import _check_dropped_are_zero, channel_masks
+
+    if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
+        raise TypeError("`compressed` must be a Hugging Face model (the shrunk form in the "
+                        f"original's shapes). Got {type(compressed).__name__} instead.")
+    family, layers, _ = layers_of(model)
+    family_c, c_layers, _ = layers_of(compressed)
+    if family_c is not family or [a.w_q.shape for a in layers] != [
+            b.w_q.shape for b in c_layers]:
+        raise ValueError("`compressed` does not have the attention layers of `model` (is it "
+                         "the shrunk form of this model in its shapes, zero_dropped's?).")
+    if any(layer.normalised for layer in layers):
+        raise ValueError("A family that normalises its heads keeps its projections whole: "
+                         "its shrunk form is not trained here.")
+    if not isinstance(channels, (list, tuple)) or not all(
+            isinstance(e, dict) and {"layer", "query", "key"} <= set(e) for e in channels):
+        raise ValueError("`channels` must be a list of {'layer', 'query', 'key'} dicts, as "
+                         f"kept_channels returns it. Got {type(channels).__name__}.")
+    _check_dropped_are_zero({layer.index: layer for layer in c_layers}, channels)
+    return channel_masks(compressed, channels)
+
+
 def _rotary_trainable(model, family, by_index, todo):
     """Masks of the planned rotary heads' whole query blocks, and their rank-``r`` projectors."""
     torch = require("torch")
@@ -352,7 +376,7 @@ def _distillation_loss(objective, student, teacher, mask):
     return sum(losses) / len(losses)
 
 
-def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
+def distill_compressed(model, compressed, plan, texts, *, tokenizer=None, channels=None,
                        objective="embedding", max_epochs=10, learning_rate=1e-4,
                        validation=0.2, patience=2, lr_backoff=None, token_noise=0.0,
                        max_length=64, batch_size=32, random_state=0, progress=None):
@@ -376,15 +400,23 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
     compressed : transformers model
         Its compressed copy (:func:`compress_heads` with ``plan``, possibly refined); it is
         not modified.
-    plan : ResultTable or mapping
+    plan : ResultTable, mapping or None
         The plan ``compressed`` was made with: a :func:`plan_ranks` table or ``{(layer,
         head): rank}``. Each head at rank ``1 <= r < d_h`` is trained; its query and key
-        columns beyond ``r`` must be zero in ``compressed``.
+        columns beyond ``r`` must be zero in ``compressed``. Not read (``None`` will do)
+        when ``channels`` is given.
     texts : list of str
         Calibration text, split into training and validation texts. Never the text the
         distilled model is evaluated on.
     tokenizer : transformers tokenizer, default=None
         Needed unless ``model`` is a directory holding one.
+    channels : list of dict, default=None
+        The channels a shrunk form keeps (:func:`~._shrink.kept_channels`): ``compressed``
+        is then that form in the original's shapes (:func:`~._shrink.zero_dropped`, or
+        :func:`compress_model`'s ``form="shrunk"``, its dropped channels zero), and the
+        trained entries are the kept query and key channels of every head that drops some
+        (for a rotary head its whole kept planes, queries and shared keys alike); the
+        dropped ones stay zero, so :func:`~._shrink.save_shrunk` writes the result.
     objective : {"embedding", "hidden", "layers", "next_token"}, default="embedding"
         The loss against the original, averaged over the texts of a batch:
         ``"embedding"``, one minus the cosine of the mean-pooled normalised last hidden
@@ -468,13 +500,16 @@ def distill_compressed(model, compressed, plan, texts, *, tokenizer=None,
                                            and is_language_model(compressed)):
         raise ValueError("objective='next_token' needs causal language models (with their "
                          f"language-model heads). Got {type(model).__name__}.")
-    family, by_index, todo = _planned_heads(model, compressed, plan)
+    if channels is None:
+        family, by_index, todo = _planned_heads(model, compressed, plan)
+        masks, projectors = _trainable_masks(compressed, family, by_index, todo)
+    else:
+        masks, projectors = _kept_trainable(model, compressed, channels), {}
     distilled = copy.deepcopy(compressed)
     rng = check_random_state(random_state)
     order = rng.permutation(len(texts))
     val_texts = [texts[i] for i in np.sort(order[:n_val])]
     train_texts = [texts[i] for i in order[n_val:]]
-    masks, projectors = _trainable_masks(distilled, family, by_index, todo)
     was_training = model.training
     model.eval()
     distilled.eval()  # no dropout: the objective is the deterministic model's

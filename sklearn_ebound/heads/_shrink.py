@@ -48,7 +48,7 @@ from ._head_forms import HeadModel, augmented_weights, layers_of, rotate
 from ._inputs import require, token_batches
 
 __all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fold_plane_maps",
-           "zero_dropped", "qk_sizes", "save_shrunk", "shrunk_model"]
+           "zero_dropped", "channel_masks", "qk_sizes", "save_shrunk", "shrunk_model"]
 
 # The stock attention class of each family's transformers module (None: the one named after
 # the model's class), and the factory of ``modeling_shrunk.py`` that wraps it.
@@ -356,31 +356,49 @@ def zero_dropped(model, channels):
     heads (zero rows of a projection would change the norm of the rest).
     """
     torch = require("torch")
-    family, layers, _ = layers_of(model)
-    _refuse_normalised(layers, "zero the dropped channels of its projections")
-    by_index = {layer.index: layer for layer in layers}
+    _refuse_normalised(layers_of(model)[1], "zero the dropped channels of its projections")
     compressed = copy.deepcopy(model)
+    params = dict(compressed.named_parameters())
+    with torch.no_grad():
+        for name, mask in channel_masks(compressed, channels, kept=False).items():
+            params[name][mask] = 0
+    return compressed
+
+
+def channel_masks(model, channels, *, kept=True):
+    """``{parameter name: bool mask}`` of the query and key projections' entries (weights and
+    biases) that make the channels ``channels`` keeps, in the heads that drop some
+    (``kept=False``: the entries of the channels it drops).
+
+    ``model`` is in the original's shapes; ``channels`` as :func:`kept_channels` gives them.
+    """
+    torch = require("torch")
+    family, layers, _ = layers_of(model)
+    by_index = {layer.index: layer for layer in layers}
+    params = dict(model.named_parameters())
+    masks = {}
     for entry in channels:
         layer = by_index[entry["layer"]]
-        d_h = layer.head_dim
         for part, heads in (("query", entry["query"]), ("key", entry["key"])):
-            for head, kept in enumerate(heads):
-                drop = np.setdiff1d(np.arange(d_h), np.asarray(kept, dtype=int))
+            for head, keep in enumerate(heads):
+                keep = np.asarray(keep, dtype=int)
+                drop = np.setdiff1d(np.arange(layer.head_dim), keep)
                 if not drop.size:
                     continue
                 q_slot, k_slot = family.slots(layer, head if part == "query" else 0,
                                               head if part == "key" else 0)
                 slot = q_slot if part == "query" else k_slot
-                module = compressed.get_submodule(slot.module)
-                rows = torch.as_tensor(slot.start + drop)
-                with torch.no_grad():
-                    if slot.linear:
-                        module.weight[rows] = 0
+                rows = torch.as_tensor(slot.start + (keep if kept else drop), dtype=torch.long)
+                for name in (slot.module + ".weight", slot.module + ".bias"):
+                    if name not in params:
+                        continue
+                    mask = masks.setdefault(name, torch.zeros_like(params[name],
+                                                                   dtype=torch.bool))
+                    if name.endswith(".weight") and not slot.linear:  # Conv1D: (in, out)
+                        mask[:, rows] = True
                     else:
-                        module.weight[:, rows] = 0
-                    if getattr(module, "bias", None) is not None:
-                        module.bias[rows] = 0
-    return compressed
+                        mask[rows] = True
+    return masks
 
 
 def qk_sizes(model, channels=None):

@@ -157,7 +157,9 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     refine : {"auto", "none", "sequential", "distill"}, default="auto"
         :func:`refine_compressed` (layer by layer) or :func:`distill_compressed` (end to
         end) before measuring; ``"auto"``: ``"distill"`` for an encoder, ``"none"`` for a
-        causal language model.
+        causal language model. A rotary model's shrunk form takes ``"distill"`` (its kept
+        planes trained on the calibration half, the dropped ones staying zero; not for heads
+        normalised before their rotation) or ``"none"``.
     refit : {"auto", "all", "none"}, default="auto"
         ``"all"``: once measured, the plan's heads are fitted again (and refined) on every
         line, and that model is returned and written; ``"auto"``: ``"all"`` for an encoder,
@@ -223,10 +225,12 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     form = _resolve_form(form, model)
     rotary_shrunk = form == "shrunk" and check_shrinkable(model)
     normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
-    if rotary_shrunk and (train_steps or refine != "none" or refit != "none"):
+    if rotary_shrunk and (train_steps or refine == "sequential" or refit != "none"
+                          or (normalised and refine != "none")):
         raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
-                         "original maps: it takes no trained pairs, refinement nor refit "
-                         "(`train_steps=0`, `refine='none'`, `refit='none'`; or "
+                         "original maps: it takes no trained pairs, sequential refinement "
+                         "nor refit (`train_steps=0`, `refine='none'` or `'distill'` (not for "
+                         "heads normalised before their rotation), `refit='none'`; or "
                          "`form='query'`).")
     epsilons = (0.01, 0.05, 0.1) if eps is None else tuple(sorted({0.01, 0.05, 0.1, eps}))
     job = _Job(model, tokenizer, texts, language_model, train_steps, refine, max_length,
@@ -329,9 +333,10 @@ def _plan(job, result, calibration_texts, budget, eps, allocation):
     return plan, sensitivity
 
 
-def _refined(job, compressed, plan, lines):
+def _refined(job, compressed, plan, lines, channels=None):
     """``compressed`` after the job's refinement on ``lines``: re-fitted layer by layer
-    (``"sequential"``), distilled end to end (``"distill"``), or as it is."""
+    (``"sequential"``), distilled end to end (``"distill"``; a shrunk form's kept
+    ``channels``), or as it is."""
     if job.refine == "sequential":
         return refine_compressed(job.model, compressed, plan, lines, tokenizer=job.tokenizer,
                                  train_steps=job.train_steps or 15, max_length=job.max_length,
@@ -339,10 +344,14 @@ def _refined(job, compressed, plan, lines):
     if job.refine != "distill":
         return compressed
     bar = _stage(job.progress, "distilling (epochs)")
+    # Kept planes start at the original's values and are few: larger, more frequent steps
+    # (SmolLM2-135M at 50%, 120 lines: held-out KL 0.229 after 1 epoch at 1e-4, 0.204 at
+    # 1e-3, 0.181 after 10).
+    steps = dict(learning_rate=1e-3, batch_size=8) if channels is not None else {}
     distilled = distill_compressed(
-        job.model, compressed, plan, lines, tokenizer=job.tokenizer,
+        job.model, compressed, plan, lines, tokenizer=job.tokenizer, channels=channels,
         objective="next_token" if job.language_model else "embedding",
-        max_length=job.max_length, random_state=job.random_state, progress=bar)
+        max_length=job.max_length, random_state=job.random_state, progress=bar, **steps)
     if bar is not None:
         bar(1, 1)  # early stopping may end before the last epoch
     return distilled
@@ -383,7 +392,7 @@ def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotar
         compressed = zero_dropped(model, channels)
         if fitted is not None:
             fold_plane_maps(compressed, planes, fitted)
-        return compressed, channels, None
+        return _refined(job, compressed, plan, calibration_texts, channels), channels, None
     compressed = _refined(job, compress_heads(model, result, plan, method=method), plan,
                           calibration_texts)
     return compressed, kept_channels(model, plan=plan) if form == "shrunk" else None, None
