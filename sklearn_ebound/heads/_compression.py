@@ -294,7 +294,7 @@ def _trainable_masks(model, family, by_index, todo):
 
 def _kept_trainable(model, compressed, channels):
     """Masks of the kept query and key channels of a shrunk form in the original's shapes."""
-    from ._shrink import _check_dropped_are_zero, channel_masks
+    from ._shrink import channel_masks, check_dropped_are_zero
 
     if not (hasattr(compressed, "state_dict") and hasattr(compressed, "config")):
         raise TypeError("`compressed` must be a Hugging Face model (the shrunk form in the "
@@ -312,7 +312,7 @@ def _kept_trainable(model, compressed, channels):
             isinstance(e, dict) and {"layer", "query", "key"} <= set(e) for e in channels):
         raise ValueError("`channels` must be a list of {'layer', 'query', 'key'} dicts, as "
                          f"kept_channels returns it. Got {type(channels).__name__}.")
-    _check_dropped_are_zero({layer.index: layer for layer in c_layers}, channels)
+    check_dropped_are_zero({layer.index: layer for layer in c_layers}, channels)
     return channel_masks(compressed, channels)
 
 

@@ -490,7 +490,7 @@ def _shrunk_state(model, family, layers, channels, maps=None):
     if maps:
         raise ValueError("Plane maps of a model without normalised heads are folded into its "
                          "query projection (fold_plane_maps), not written beside it.")
-    _check_dropped_are_zero(by_index, channels)
+    check_dropped_are_zero(by_index, channels)
     for entry in channels:
         layer = by_index[entry["layer"]]
         q_rows = [family.slots(layer, h, 0)[0].start + np.asarray(c, dtype=int)
@@ -532,7 +532,7 @@ def _turn(layer, query, maps):
     return np.asarray(rows, dtype=np.float64).T.reshape(2, -1)
 
 
-def _check_dropped_are_zero(by_index, channels):
+def check_dropped_are_zero(by_index, channels):
     """An error unless every query and key channel ``channels`` drops is zero in the model
     (weights and biases): only then does the model of the kept channels compute the same."""
     from ._head_forms import augmented_weights

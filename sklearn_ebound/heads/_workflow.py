@@ -223,15 +223,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     allocation, train_steps, refine, refit = _resolve_auto(language_model, allocation,
                                                            train_steps, refine, refit)
     form = _resolve_form(form, model)
-    rotary_shrunk = form == "shrunk" and check_shrinkable(model)
-    normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
-    if rotary_shrunk and (train_steps or refine == "sequential" or refit != "none"
-                          or (normalised and refine != "none")):
-        raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
-                         "original maps: it takes no trained pairs, sequential refinement "
-                         "nor refit (`train_steps=0`, `refine='none'` or `'distill'` (not for "
-                         "heads normalised before their rotation), `refit='none'`; or "
-                         "`form='query'`).")
+    rotary_shrunk, normalised = _rotary_shrunk(model, form, train_steps, refine, refit)
     epsilons = (0.01, 0.05, 0.1) if eps is None else tuple(sorted({0.01, 0.05, 0.1, eps}))
     job = _Job(model, tokenizer, texts, language_model, train_steps, refine, max_length,
                random_state, progress, on_layer, checkpoint,
@@ -273,6 +265,21 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         out=None if out is None else str(out),
         measured_distillation=getattr(compressed, "distillation_", None),
         written_distillation=getattr(written, "distillation_", None), **sizes)
+
+
+def _rotary_shrunk(model, form, train_steps, refine, refit):
+    """``(rotary shrunk form, its heads normalised before the rotation)``, and an error for
+    the steps that form takes not."""
+    rotary_shrunk = form == "shrunk" and check_shrinkable(model)
+    normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
+    if rotary_shrunk and (train_steps or refine == "sequential" or refit != "none"
+                          or (normalised and refine != "none")):
+        raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
+                         "original maps: it takes no trained pairs, sequential refinement "
+                         "nor refit (`train_steps=0`, `refine='none'` or `'distill'` (not for "
+                         "heads normalised before their rotation), `refit='none'`; or "
+                         "`form='query'`).")
+    return rotary_shrunk, normalised
 
 
 def _resolve_auto(language_model, allocation, train_steps, refine, refit):
