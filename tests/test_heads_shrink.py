@@ -503,36 +503,56 @@ def test_gemma3_projections_are_not_cut_nor_folded(tmp_path):
                     tmp_path / "llama", maps=maps)
 
 
-@pytest.mark.parametrize("mask", ["float", "bool", None])
-def test_fused_attention_equals_the_eager_one(mask):
-    # torch's fused kernel, one call a key head, against the eager logits and softmax: key
-    # heads of unequal widths (one of width 0: every key the logit 0), two queries a key head,
-    # a padded key masked out of the first row
+@pytest.mark.parametrize("n", [5, 1])
+@pytest.mark.parametrize("mask", ["float", "bool", "heads", "causal", None])
+def test_fused_attention_equals_the_eager_one(mask, n):
+    # torch's fused kernel (several queries) and the two matrix products of a decoding step
+    # (one query) against the eager logits and softmax: key heads of unequal widths (one of
+    # width 0: every key the logit 0), two queries a key head. Masks: a padded key masked out
+    # of the first row (float or bool; "heads": bool, one per head, head 3 sees no last key);
+    # "causal": none, in a causal block, whose queries see
+    # the keys up to their own (of m > n keys the first n: an empty static cache's tail; one
+    # query sees every key); None: none, in a block that is not causal
     from sklearn_ebound.heads._shrunk_modeling import KeptChannels
 
     kept = KeptChannels([[0, 1], [2, 3], [], [], [0, 2, 4, 6], [1, 3, 5, 7]],
                         [[0, 1], [], [0, 2, 4, 6]], head_dim=8, rotary=False)
     gen = torch.Generator().manual_seed(0)
-    b, n, m = 2, 5, 7
+    b, m = 2, 7
     query = torch.randn(b, n, kept.q_size, generator=gen)
     key = torch.randn(b, 1, m, kept.k_size, generator=gen)
     value = torch.randn(b, 3, m, 8, generator=gen)
     allowed = torch.ones(b, 1, n, m, dtype=torch.bool)
     allowed[0, ..., 0] = False
     allowed &= torch.ones(n, m, dtype=torch.bool).tril(m - n)
-    attention_mask = {"bool": allowed, None: None,
+    per_head = allowed.expand(b, 6, n, m).clone()
+    per_head[:, 3, :, -1] = False
+    attention_mask = {"bool": allowed, None: None, "causal": None, "heads": per_head,
                       "float": torch.zeros(b, 1, n, m).masked_fill(
                           ~allowed, torch.finfo(torch.float32).min)}[mask]
+    seen = {"bool": allowed[:, 0], "float": allowed[:, 0], "heads": allowed[:, 0],
+            None: torch.ones(b, n, m),
+            "causal": torch.ones(b, n, m) if n == 1 else torch.cat(
+                [torch.ones(n, n).tril(), torch.zeros(n, m - n)], 1).expand(b, n, m)}[mask]
+    options = {"is_causal": mask == "causal"}
     fused, none = kept.attention(query, key, value, attention_mask, 0.3, 0.0, False,
-                                 weights=False)
+                                 weights=False, **options)
     eager, weights = kept.attention(query, key, value, attention_mask, 0.3, 0.0, False,
-                                    weights=True)
-    assert none is None and weights.shape == (b, 6, n, m)
+                                    weights=True, **options)
+    assert none is None and weights.shape[:3] == (b, 6, n)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    seen = seen.float()
+    # head 0: softmax(q . k * 0.3) over the keys it sees, of key head 0's channels 0, 1
+    logits = (query[..., 0:2] @ key[:, 0, :, 0:2].transpose(1, 2)) * 0.3
+    logits = logits.masked_fill(seen == 0, -torch.inf)
+    torch.testing.assert_close(fused[..., 0:8], logits.softmax(-1) @ value[:, 0],
+                               rtol=1e-5, atol=1e-6)
     # the width-0 key head's queries (heads 2 and 3) average the values they may see
-    seen = allowed[:, 0].float() if mask is not None else torch.ones(b, n, m)
     mean = (seen @ value[:, 1]) / seen.sum(-1, keepdim=True)
     torch.testing.assert_close(fused[..., 16:24], mean, rtol=1e-5, atol=1e-6)
+    if mask == "heads":
+        seen = per_head[:, 3].float()
+        mean = (seen @ value[:, 1]) / seen.sum(-1, keepdim=True)
     torch.testing.assert_close(fused[..., 24:32], mean, rtol=1e-5, atol=1e-6)
 
 

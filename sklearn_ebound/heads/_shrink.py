@@ -562,6 +562,9 @@ def _built(model, family, layers, channels, maps, cls):
     config = copy.deepcopy(model.config)
     config.qk_channels = {"query": [e["query"] for e in channels],
                           "key": [e["key"] for e in channels]}
+    # the kept attention builds the masks of the stock eager or SDPA attention, not others'
+    if config._attn_implementation != "eager":
+        config._attn_implementation = "sdpa"
     dtype = next(model.parameters()).dtype
     state = _shrunk_state(model, family, layers, channels, maps)
     shrunk = cls(config).to(dtype)

@@ -110,71 +110,112 @@ class KeptChannels(nn.Module):
         return x * a + x[..., partner] * sign * b
 
     def attention(self, query, key, value, attention_mask, scaling, dropout, training,
-                  softcap=None, weights=None):
+                  is_causal=True, softcap=None, weights=None):
         """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head (the scaled
         logits capped at ``softcap tanh(. / softcap)`` first when ``softcap`` is given).
 
         ``query`` ``(b, n, q_size)``, ``key`` ``(b, 1, m, k_size)`` (as cached), ``value``
-        ``(b, n_kv, m, d_h)``. Returns ``(b, n, n_heads * d_h)`` and the weights: ``None``
-        when torch's fused ``scaled_dot_product_attention`` computed it, as it does unless
-        the logits are capped or the weights are asked for (``weights=True``, or the model
-        called with ``output_attentions=True``).
+        ``(b, n_kv, m, d_h)``. ``attention_mask`` is additive (float) or says which keys are
+        attended (bool), or ``None``: then, as in transformers' SDPA attention, several
+        queries of a causal block (``is_causal``) see the keys up to their own position and
+        one query sees every key. Returns ``(b, n, n_heads * d_h)`` and the weights: ``None``
+        unless the logits are capped or the weights are asked for (``weights=True``, or the
+        model called with ``output_attentions=True``).
         """
+        n = query.shape[1]
+        keys, value, mask, causal = _masking(n, key[:, 0], value, attention_mask, is_causal)
         if softcap is None and not (_attentions_recorded() if weights is None else weights):
-            return self._fused(query, key, value, attention_mask, scaling,
-                               dropout if training else 0.0), None
-        return self._eager(query, key, value, attention_mask, scaling, dropout, training,
-                           softcap)
+            dropout = dropout if training else 0.0
+            if n == 1:
+                return self._decoded(query, keys, value, mask, scaling, dropout), None
+            return self._fused(query, keys, value, mask, causal, scaling, dropout), None
+        if causal:
+            mask = torch.ones(n, keys.shape[1], dtype=torch.bool, device=query.device).tril()
+        return self._eager(query, keys, value, mask, scaling, dropout, training, softcap)
 
-    def _fused(self, query, key, value, attention_mask, scaling, dropout):
-        """The attention by ``scaled_dot_product_attention``, one call a key head (its query
-        group against it; a key head of width 0 gives every key the logit 0)."""
+    def _groups(self, query, keys):
+        """Each key head's query group ``(b, n, group, width)`` and key ``(b, m, width)``."""
         b, n, _ = query.shape
-        keys = key[:, 0]
-        m = keys.shape[1]
-        mask = None if attention_mask is None else attention_mask[..., :m]
-        out, q_start, k_start = [], 0, 0
-        for g, width in enumerate(self.k_width):
-            q = query[..., q_start:q_start + self.group * width]
-            k = keys[..., k_start:k_start + width]
-            q_start, k_start = q_start + self.group * width, k_start + width
-            if width == 0:  # every logit 0: one zero channel gives the same
-                q, k, width = query.new_zeros(b, n, self.group), keys.new_zeros(b, m, 1), 1
-            # the group's queries against its key head, shared (a view, not a copy)
-            q = q.reshape(b, n, self.group, width).transpose(1, 2)
-            k = k[:, None].expand(b, self.group, m, width)
-            v = value[:, g:g + 1].expand(b, self.group, m, value.shape[-1])
-            out.append(nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling))
-        return torch.cat(out, dim=1).transpose(1, 2).reshape(b, n, -1).contiguous()
-
-    def _eager(self, query, key, value, attention_mask, scaling, dropout, training, softcap):
-        """The logits, their softmax and the values, step by step (the weights returned)."""
-        b, n, _ = query.shape
-        keys = key[:, 0]
-        m = keys.shape[1]
-        logits, q_start, k_start = [], 0, 0
+        q_start, k_start = 0, 0
         for width in self.k_width:
-            q_group = query[..., q_start:q_start + self.group * width]
-            q_group = q_group.reshape(b, n, self.group, width).transpose(1, 2)
-            k_head = keys[..., k_start:k_start + width]
-            logits.append(torch.matmul(q_group, k_head.transpose(-1, -2)[:, None]))
-            q_start += self.group * width
-            k_start += width
+            yield (query[..., q_start:q_start + self.group * width].reshape(
+                b, n, self.group, width), keys[..., k_start:k_start + width])
+            q_start, k_start = q_start + self.group * width, k_start + width
+
+    def _decoded(self, query, keys, value, mask, scaling, dropout):
+        """The attention of few queries by two matrix products a key head: its group's
+        queries as the rows of one ``(b, n group, width)`` matrix against its keys (a key
+        head of width 0 gives every logit 0). Cheaper than a fused kernel for one query."""
+        b, n, _ = query.shape
+        if mask is not None:  # (b | 1, 1 | heads, n, m) -> (b | 1, 1 | heads, n, 1, m)
+            mask = mask[:, :, :, None]
+        out = []
+        for g, (q, k) in enumerate(self._groups(query * scaling, keys)):
+            logits = torch.matmul(q.reshape(b, n * self.group, -1), k.transpose(1, 2))
+            logits = logits.view(b, 1, n, self.group, -1)
+            if mask is not None:
+                heads = mask if mask.shape[1] == 1 else mask[:, g * self.group:
+                                                             (g + 1) * self.group].transpose(1, 3)
+                logits = _masked(logits, heads)
+            weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32)
+            weights = nn.functional.dropout(weights.to(value.dtype), p=dropout,
+                                            training=dropout > 0)
+            out.append(torch.matmul(weights.view(b, n * self.group, -1), value[:, g]))
+        # (b, n group, d_h) per key head -> (b, n, heads d_h), heads of a group side by side
+        return torch.cat([o.view(b, n, -1) for o in out], dim=-1)
+
+    def _fused(self, query, keys, value, mask, causal, scaling, dropout):
+        """The attention by one ``scaled_dot_product_attention`` call, every kept query and
+        key zero-padded to the values' width ``d_h`` (the logits unchanged), so torch's fused
+        kernel takes it."""
+        b, n, _ = query.shape
+        d_h = value.shape[-1]
+        q, k = [], []
+        for q_group, k_head in self._groups(query, keys):
+            q.append(nn.functional.pad(q_group, (0, d_h - k_head.shape[-1])))
+            k.append(nn.functional.pad(k_head, (0, d_h - k_head.shape[-1]))[:, None])
+        q = torch.cat(q, dim=2).transpose(1, 2)
+        k = torch.cat(k, dim=1).repeat_interleave(self.group, dim=1)
+        v = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
+        out = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
+        return out.transpose(1, 2).reshape(b, n, -1)
+
+    def _eager(self, query, keys, value, mask, scaling, dropout, training, softcap):
+        """The logits, their softmax and the values, step by step (the weights returned)."""
+        logits = [torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)[:, None])
+                  for q, k in self._groups(query, keys)]
         weights = torch.cat(logits, dim=1) * scaling
         if softcap is not None:
             weights = torch.tanh(weights / softcap) * softcap
-        if attention_mask is not None:
-            if attention_mask.dtype == torch.bool:
-                weights = weights.masked_fill(~attention_mask[..., :m],
-                                              torch.finfo(weights.dtype).min)
-            else:
-                weights = weights + attention_mask[..., :m]
+        if mask is not None:
+            weights = _masked(weights, mask)
         weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(value.dtype)
         weights = nn.functional.dropout(weights, p=dropout, training=training)
         values = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
         out = torch.matmul(weights, values).transpose(1, 2)
-        return out.reshape(b, n, -1).contiguous(), weights
+        return out.reshape(query.shape[0], query.shape[1], -1).contiguous(), weights
+
+
+def _masking(n, keys, value, attention_mask, is_causal):
+    """The keys, values and mask the attention of ``n`` queries uses, and whether it is
+    causal without a mask: as transformers' SDPA attention, which builds no mask where
+    torch's ``is_causal`` (aligned to the first key) says the same, and then cuts an empty
+    static cache's tail."""
+    m = keys.shape[1]
+    mask = None if attention_mask is None else attention_mask[..., :m]
+    causal = bool(is_causal) and n > 1 and mask is None
+    if causal and m > n:
+        keys, value = keys[:, :n], value[:, :, :n]
+    return keys, value, mask, causal
+
+
+def _masked(logits, mask):
+    """``logits`` with an additive (float) mask added, or the keys a boolean mask does not
+    attend set to the dtype's lowest value (as the stock eager attention does)."""
+    if mask.dtype == torch.bool:
+        return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    return logits + mask
 
 
 def _attentions_recorded():
@@ -202,6 +243,11 @@ def _cached(cache, key, value, layer_idx, kwargs):
     if hasattr(cache, "self_attention_cache"):  # an encoder-decoder cache
         cache = cache.self_attention_cache
     return cache.update(key, value, layer_idx, kwargs=kwargs)
+
+
+def _causal(module, kwargs):
+    """Whether the block is causal: the ``is_causal`` passed to it, else its own."""
+    return kwargs.get("is_causal", getattr(module, "is_causal", True))
 
 
 def _linear_like(old, out_features):
@@ -232,7 +278,8 @@ def rotary_attention(stock):
             key, value = _cached(cache, key, value, self.layer_idx, kwargs)
             out, weights = self.kept.attention(
                 query, key, value, attention_mask, self.scaling,
-                0.0 if not self.training else self.attention_dropout, self.training)
+                0.0 if not self.training else self.attention_dropout, self.training,
+                is_causal=_causal(self, kwargs))
             return self.o_proj(out), weights
 
     return KeptRotaryAttention
@@ -276,7 +323,7 @@ def gemma3_attention(stock):
             out, weights = self.kept.attention(
                 query, key, value, attention_mask, self.scaling,
                 0.0 if not self.training else self.attention_dropout, self.training,
-                softcap=kwargs.get("softcap"))
+                is_causal=_causal(self, kwargs), softcap=kwargs.get("softcap"))
             return self.o_proj(out), weights
 
     return KeptGemma3Attention
@@ -310,7 +357,7 @@ def gpt2_attention(stock):
             out, weights = self.kept.attention(
                 query, key, value, attention_mask, self.scaling,
                 self.attn_dropout.p if self.training else 0.0, self.training,
-                weights=output_attentions or None)
+                is_causal=_causal(self, kwargs), weights=output_attentions or None)
             return self.resid_dropout(self.c_proj(out)), weights
 
     return KeptGPT2Attention
@@ -336,7 +383,8 @@ def bert_attention(stock):
                                  value.transpose(1, 2), self.layer_idx, kwargs)
             return self.kept.attention(
                 self.query(hidden_states), key, value, attention_mask, self.scaling,
-                self.dropout.p if self.training else 0.0, self.training)
+                self.dropout.p if self.training else 0.0, self.training,
+                is_causal=_causal(self, kwargs))
 
     return KeptBertSelfAttention
 
@@ -344,21 +392,21 @@ def bert_attention(stock):
 def kept_model(stock_model, stock_attention, make_attention):
     """``stock_model`` whose ``stock_attention`` blocks are ``make_attention(stock_attention)``.
 
-    The blocks are replaced after the stock constructor, each with its own layer index;
-    the model builds its masks as for the stock eager attention (the kept widths are not a
-    stock kernel's shapes), and :meth:`KeptChannels.attention` runs them through torch's fused
-    kernel, one call a key head.
+    The blocks are replaced after the stock constructor, each with its own layer index. The
+    model builds its masks as for the stock SDPA attention (none where causality alone
+    says which keys a query sees), or as for the eager one when loaded with
+    ``attn_implementation="eager"``; :meth:`KeptChannels.attention` takes either. Flash and
+    flex attention are refused (the kept widths are not their kernels' shapes).
     """
     kept_attention = make_attention(stock_attention)
 
     class KeptModel(stock_model):
-        _supports_sdpa = False
+        _supports_sdpa = True
         _supports_flash_attn = False
         _supports_flex_attn = False
         _supports_attention_backend = False
 
         def __init__(self, config, *args, **kwargs):
-            config._attn_implementation = "eager"
             super().__init__(config, *args, **kwargs)
             for name, module in list(self.named_modules()):
                 if type(module) is not stock_attention:
