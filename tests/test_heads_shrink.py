@@ -567,3 +567,40 @@ def test_attention_weights_are_returned_when_asked(tmp_path):
     assert len(asked.attentions) == 2 and all(a is not None for a in asked.attentions)
     assert asked.attentions[0].shape == (1, 4, 6, 6)
     torch.testing.assert_close(asked.logits, plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3", "gpt2", "bert"])
+def test_kept_model_takes_the_eager_and_the_sdpa_masks(kind):
+    # built on a model run eagerly, the kept model builds the stock eager masks (additive);
+    # otherwise the SDPA ones (boolean, or none where causality alone says it): on a
+    # left-padded batch both give the stock model's outputs at every real token, and the same
+    # greedy continuation
+    model = _model(kind)
+    if kind in ("gpt2", "bert"):
+        channels = kept_channels(model, plan={(i, h): 1 + h % 3 for i in range(2)
+                                              for h in range(4)})
+    else:
+        channels = kept_channels(model, planes={i: [[0, 2], [1]] for i in range(2)})
+    ids = torch.tensor([[0, 0, 3, 17, 5, 29], [3, 17, 5, 29, 11, 8]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    real = mask.bool()
+    outputs, continued = {}, {}
+    for implementation in ("eager", "sdpa"):
+        model.set_attn_implementation(implementation)
+        stock = model if kind == "gemma3" else zero_dropped(model, channels)
+        shrunk = shrunk_model(stock, channels)
+        assert shrunk.config._attn_implementation == implementation
+        with torch.no_grad():
+            run = shrunk(ids, attention_mask=mask)
+            out = run.last_hidden_state if kind == "bert" else run.logits
+            outputs[implementation] = out[real]
+            if kind != "gemma3":  # the stock model with the dropped channels zero
+                expected = stock(ids, attention_mask=mask)
+                expected = expected.last_hidden_state if kind == "bert" else expected.logits
+                torch.testing.assert_close(out[real], expected[real], rtol=1e-5, atol=1e-5)
+            if kind != "bert":
+                continued[implementation] = shrunk.generate(
+                    ids, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                    pad_token_id=0).tolist()
+    torch.testing.assert_close(outputs["eager"], outputs["sdpa"], rtol=1e-5, atol=1e-5)
+    assert continued.get("eager") == continued.get("sdpa")
