@@ -217,6 +217,21 @@ def test_a_config_that_changes_the_logits_is_refused():
         layers_of(model)
 
 
+@pytest.mark.parametrize(("name", "setting"), [
+    ("StableLm", r"partial_rotary_factor=0\.25"), ("Granite", "attention_multiplier"),
+    ("Cohere", "model_type 'cohere' rotates adjacent channel pairs")])
+def test_llama_named_blocks_that_compute_other_logits_are_refused(name, setting):
+    # LLaMA's parameter names on attention that rotates a quarter of each head (StableLM),
+    # scales the logits by a multiplier of its own (Granite) or rotates adjacent channels
+    # (Cohere): never read as LLaMA's
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=40, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=32, num_hidden_layers=2)
+    model = getattr(transformers, f"{name}ForCausalLM")(config)
+    with pytest.raises(ValueError, match=rf"not as 'llama'.*{setting}"):
+        layers_of(model)
+
+
 def test_the_head_model_benchmark_runs_on_a_saved_model(gemma, tmp_path, monkeypatch):
     from pathlib import Path
 

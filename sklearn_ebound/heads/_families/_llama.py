@@ -33,13 +33,28 @@ class LlamaFamily(AttentionFamily):
     def attention_block(self, prefix, i):
         return f"{prefix}layers.{i}.self_attn."
 
+    # model types whose blocks carry LLaMA's names but rotate adjacent channel pairs
+    # (``rotate_half`` pairs ``f`` with ``f + d_h / 2``; these pair ``2 f`` with ``2 f + 1``)
+    interleaved_rotary = frozenset({"cohere", "cohere2"})
+
     def config_refusal(self, config):
-        """Settings that change the logits beyond LLaMA's ``q^T k / sqrt(d_h)``: a query
-        scale of its own (Gemma's ``query_pre_attn_scalar``), capped logits (Gemma 2)."""
-        unmodelled = [name for name in ("query_pre_attn_scalar", "attn_logit_softcapping")
+        """Settings that change the logits beyond LLaMA's ``R(q)^T R(k) / sqrt(d_h)`` over
+        every channel: a query scale of its own (Gemma's ``query_pre_attn_scalar``, Granite's
+        ``attention_multiplier``), capped logits (Gemma 2), normalised heads
+        (``use_qk_norm``), rotations of part of each head (``partial_rotary_factor``, as Phi
+        and StableLM have) or of other channel pairs (Cohere)."""
+        unmodelled = [name for name in ("query_pre_attn_scalar", "attn_logit_softcapping",
+                                        "attention_multiplier")
                       if getattr(config, name, None) is not None]
+        unmodelled += [name for name in ("use_qk_norm", "qk_layernorm")
+                       if getattr(config, name, False)]
+        if _partial_rotary(config) not in (None, 1, 1.0):
+            unmodelled.append(f"partial_rotary_factor={_partial_rotary(config)}")
         if unmodelled:
             return f"its config sets {unmodelled}, which change the logits"
+        if getattr(config, "model_type", None) in self.interleaved_rotary:
+            return (f"model_type {config.model_type!r} rotates adjacent channel pairs, not "
+                    "LLaMA's halves")
         return ""
 
     def read_layer(self, state, prefix, i, n_heads, n_kv_heads):
@@ -72,3 +87,18 @@ class LlamaFamily(AttentionFamily):
 
 
 FAMILY = LlamaFamily()
+
+
+def _partial_rotary(config):
+    """The share of each head's channels the config rotates (``None`` when it does not say):
+    its ``partial_rotary_factor``, or that of its ``rope_parameters`` (one dict, or one a
+    layer type)."""
+    factor = getattr(config, "partial_rotary_factor", None)
+    if factor is not None:
+        return factor
+    parameters = getattr(config, "rope_parameters", None) or {}
+    if "partial_rotary_factor" in parameters:
+        return parameters["partial_rotary_factor"]
+    factors = {entry.get("partial_rotary_factor") for entry in parameters.values()
+               if isinstance(entry, dict)} - {None}
+    return min(factors) if factors else None
