@@ -146,7 +146,8 @@ class KeptChannels(nn.Module):
         """The attention of few queries by two batched matrix products: every head's kept
         query placed at its key head's channels of a zero ``(heads, k_size)`` block, so one
         product with all the cached keys gives every logit (the zeros add nothing; a key head
-        of width 0 gives every logit 0). Cheaper than a fused kernel for one query."""
+        of width 0 gives every logit 0). Torch's fused kernel takes no query-key width but
+        the values'; padding the keys would copy the whole cache at every new token."""
         b, n, _ = query.shape
         m, k_size = keys.shape[1:]
         heads, n_kv = self.group * len(self.k_width), len(self.k_width)
