@@ -63,6 +63,11 @@ class KeptChannels(nn.Module):
         # each kept entry's place among the heads' channels side by side (h d_h + c)
         self._index = {name: [h * head_dim + c for h, channels in enumerate(heads)
                               for c in channels] for name, heads in (("q", query), ("k", key))}
+        # each kept query entry's place in a zero (heads, k_size) block: head h's i-th at
+        # row h, column i of its key head's channels (see _logits)
+        k_start = [sum(self.k_width[:g]) for g in range(len(key))]
+        self._block = [h * self.k_size + k_start[h // self.group] + i
+                       for h, channels in enumerate(query) for i in range(len(channels))]
         self._tables = {}
 
     @staticmethod
@@ -124,92 +129,70 @@ class KeptChannels(nn.Module):
         """
         n = query.shape[1]
         keys, value, mask, causal = _masking(n, key[:, 0], value, attention_mask, is_causal)
-        if softcap is None and not (_attentions_recorded() if weights is None else weights):
-            dropout = dropout if training else 0.0
-            if n == 1:
-                return self._decoded(query, keys, value, mask, scaling, dropout), None
+        dropout = dropout if training else 0.0
+        asked = _attentions_recorded() if weights is None else weights
+        if n > 1 and softcap is None and not asked:
             return self._fused(query, keys, value, mask, causal, scaling, dropout), None
         if causal:
             mask = torch.ones(n, keys.shape[1], dtype=torch.bool, device=query.device).tril()
-        return self._eager(query, keys, value, mask, scaling, dropout, training, softcap)
+        out, weights = self._stepwise(query, keys, value, mask, scaling, dropout, softcap)
+        return out, weights if asked or softcap is not None else None
 
-    def _groups(self, query, keys):
-        """Each key head's query group ``(b, n, group, width)`` and key ``(b, m, width)``."""
-        b, n, _ = query.shape
-        q_start, k_start = 0, 0
-        for width in self.k_width:
-            yield (query[..., q_start:q_start + self.group * width].reshape(
-                b, n, self.group, width), keys[..., k_start:k_start + width])
-            q_start, k_start = q_start + self.group * width, k_start + width
-
-    def _decoded(self, query, keys, value, mask, scaling, dropout):
-        """The attention of few queries by two batched matrix products: every head's kept
-        query placed at its key head's channels of a zero ``(heads, k_size)`` block, so one
-        product with all the cached keys gives every logit (the zeros add nothing; a key head
-        of width 0 gives every logit 0). Torch's fused kernel takes no query-key width but
-        the values'; padding the keys would copy the whole cache at every new token."""
+    def _stepwise(self, query, keys, value, mask, scaling, dropout, softcap):
+        """The logits, their softmax and the values in two batched products for all heads
+        (the decoding step: torch's fused kernel takes no query-key width but the values',
+        and padding the keys would copy the whole cache at every new token). Returns the
+        output and the weights ``(b, heads, n, m)``."""
         b, n, _ = query.shape
         m, k_size = keys.shape[1:]
-        heads, n_kv = self.group * len(self.k_width), len(self.k_width)
+        n_kv = len(self.k_width)
+        heads = self.group * n_kv
+        # every head's kept query at its key head's channels of a zero (heads, k_size)
+        # block: one product with all the cached keys gives every logit (the zeros add
+        # nothing; a key head of width 0 gives every logit 0)
         block = query.new_zeros(b, n, heads * k_size)
         block[..., self._block_index(query)] = query * scaling
         logits = torch.bmm(block.view(b, n * heads, k_size), keys.transpose(1, 2))
-        logits = logits.view(b, n, heads, m)
-        if mask is not None:  # (b | 1, 1 | heads, n, m) -> (b | 1, n, 1 | heads, m)
-            logits = _masked(logits, mask.transpose(1, 2))
+        logits = logits.view(b, n, heads, m).transpose(1, 2)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        if mask is not None:
+            logits = _masked(logits, mask)
         weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
         if dropout > 0:
             weights = nn.functional.dropout(weights, p=dropout)
-        # each key head's values once, for its group's rows: (b, n_kv, n group, m)
-        weights = weights.view(b, n, n_kv, self.group, m).transpose(1, 2)
-        out = torch.matmul(weights.reshape(b, n_kv, n * self.group, m), value)
-        out = out.view(b, n_kv, n, self.group, -1).transpose(1, 2)
-        return out.reshape(b, n, -1)
+        # each key head's values once, for its group's rows (group heads x n queries)
+        out = torch.matmul(weights.reshape(b, n_kv, self.group * n, m), value)
+        out = out.view(b, heads, n, -1).transpose(1, 2)
+        return out.reshape(b, n, -1), weights
 
     def _block_index(self, x):
-        """Each kept query entry's place in the ``(heads, k_size)`` block of
-        :meth:`_decoded`: head ``h``'s ``i``-th at row ``h``, column ``i`` of its key head's
-        channels."""
+        """:attr:`_block` as a tensor on ``x``'s device."""
         key = ("block", x.device)
         if key not in self._tables:
-            k_start = [sum(self.k_width[:g]) for g in range(len(self.k_width))]
-            index = [h * self.k_size + k_start[h // self.group] + i
-                     for h in range(self.group * len(self.k_width))
-                     for i in range(self.k_width[h // self.group])]
-            self._tables[key] = torch.tensor(index, dtype=torch.long, device=x.device)
+            self._tables[key] = torch.tensor(self._block, dtype=torch.long, device=x.device)
         return self._tables[key]
 
     def _fused(self, query, keys, value, mask, causal, scaling, dropout):
-        """The attention by one ``scaled_dot_product_attention`` call, every kept query and
-        key zero-padded to the values' width ``d_h`` (the logits unchanged), so torch's fused
-        kernel takes it."""
+        """The attention of several queries by one ``scaled_dot_product_attention`` call,
+        every kept query and key zero-padded to the values' width ``d_h`` (the logits
+        unchanged), so torch's fused kernel takes it."""
         b, n, _ = query.shape
         d_h = value.shape[-1]
-        q, k = [], []
-        for q_group, k_head in self._groups(query, keys):
-            q.append(nn.functional.pad(q_group, (0, d_h - k_head.shape[-1])))
-            k.append(nn.functional.pad(k_head, (0, d_h - k_head.shape[-1]))[:, None])
+        q, k, q_start, k_start = [], [], 0, 0
+        for width in self.k_width:  # each key head and its group of queries
+            q_group = query[..., q_start:q_start + self.group * width]
+            q.append(nn.functional.pad(q_group.reshape(b, n, self.group, width),
+                                       (0, d_h - width)))
+            k.append(nn.functional.pad(keys[..., k_start:k_start + width], (0, d_h - width)))
+            q_start, k_start = q_start + self.group * width, k_start + width
         q = torch.cat(q, dim=2).transpose(1, 2)
-        k = torch.cat(k, dim=1).repeat_interleave(self.group, dim=1)
-        v = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
+        k = torch.stack(k, dim=1)
+        if self.group > 1:
+            k, value = (x.repeat_interleave(self.group, dim=1) for x in (k, value))
         out = nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
+            q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
         return out.transpose(1, 2).reshape(b, n, -1)
-
-    def _eager(self, query, keys, value, mask, scaling, dropout, training, softcap):
-        """The logits, their softmax and the values, step by step (the weights returned)."""
-        logits = [torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)[:, None])
-                  for q, k in self._groups(query, keys)]
-        weights = torch.cat(logits, dim=1) * scaling
-        if softcap is not None:
-            weights = torch.tanh(weights / softcap) * softcap
-        if mask is not None:
-            weights = _masked(weights, mask)
-        weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(value.dtype)
-        weights = nn.functional.dropout(weights, p=dropout, training=training)
-        values = value.repeat_interleave(self.group, dim=1) if self.group > 1 else value
-        out = torch.matmul(weights, values).transpose(1, 2)
-        return out.reshape(query.shape[0], query.shape[1], -1).contiguous(), weights
 
 
 def _masking(n, keys, value, attention_mask, is_causal):
