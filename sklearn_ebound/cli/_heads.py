@@ -40,10 +40,12 @@ compressed model in the original's shapes (a plain ``from_pretrained`` loads it;
 head's rank-r form is a map on its query, so nothing shrinks); ``--form shrunk`` writes
 query and key maps of the kept widths (whole rotary planes per key head for a rotary model),
 a directory loaded with ``trust_remote_code=True``, and reports the query-key
-parameters and key cache it saves. ``--form auto`` (the default) is ``shrunk`` for heads
-without rotary embeddings (the same model in smaller tensors) and for Gemma 3's normalised
-heads, ``query`` for other rotary heads (SmolLM2-135M at 50%: next-token KL 0.051 against
-0.260 with whole planes; the report says it saves nothing).
+parameters and key cache it saves. ``--form latent`` (rotary heads) keeps as many key
+channels as the planes, but any subspace of the rotated keys (latent keys: the projections
+whole, a small map per head after the rotation). ``--form auto`` (the default) is
+``shrunk`` for heads without rotary embeddings (the same model in smaller tensors) and for
+Gemma 3's normalised heads, ``query`` for other rotary heads (SmolLM2-135M at 50%:
+next-token KL 0.051 against 0.260 with whole planes; the report says it saves nothing).
 
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
@@ -159,9 +161,9 @@ def add_heads_parser(commands):
                           default="auto", metavar="RULE",
                           help="greedy, fisher or taylor (next-token loss), uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
-    compress.add_argument("--form", choices=("auto", "query", "shrunk"), default="auto",
-                          metavar="FORM",
-                          help="query (original shapes) or shrunk (kept widths); auto: "
+    compress.add_argument("--form", choices=("auto", "query", "shrunk", "latent"),
+                          default="auto", metavar="FORM",
+                          help="query (original shapes), shrunk or latent; auto: "
                                "shrunk unless rotary without QK-norm (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
@@ -437,7 +439,8 @@ def _form_words(report):
     if report.form == "query":
         return ("Written in the original shapes (--form query): query-key parameters and the "
                 "key cache unchanged.")
-    how = ("whole rotary planes per key head" if report.deficiency.rotary
+    how = ("latent keys after the rotation" if report.form == "latent" else
+           "whole rotary planes per key head" if report.deficiency.rotary
            else "query and key maps of the planned widths")
     return (f"Written shrunk ({how}; load with trust_remote_code=True): query-key parameters "
             f"{params['compressed'] / params['original']:.3f}x, key cache "

@@ -54,12 +54,13 @@ def family_of(model):
 
     A model of kept query-key channels (its config's ``qk_channels``, as the shrunk form
     writes it) is of its stock model's family: the ``q_turn`` its attention may hold (the
-    kept planes' scaled rotations after a norm) is the shrunk form's, not the family's.
+    kept planes' scaled rotations after a norm) and the ``query_map`` and ``key_map`` of
+    latent keys are the shrunk form's, not the family's.
     """
     config = getattr(model, "config", None)
     keys = list(model.state_dict())
     if getattr(config, "qk_channels", None) is not None:
-        keys = [k for k in keys if not k.endswith(".q_turn")]
+        keys = [k for k in keys if not k.endswith((".q_turn", ".query_map", ".key_map"))]
     return detect_family(keys, config=config)[0]
 
 

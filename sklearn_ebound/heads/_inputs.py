@@ -259,3 +259,41 @@ def _rotation(pair, row, keep, n_tokens, layer):
                          f"{n_tokens} tokens of head size {layer.head_dim} (partial rotary "
                          "embeddings are not supported).")
     return cos, sin
+
+
+def attention_inputs(model, layers, texts, tokenizer, visit, max_length=128, batch_size=8):
+    """Run ``model`` on ``texts`` and call ``visit(layer, x, cos, sin, valid)`` with what enters
+    each layer's attention block: the hidden states ``x`` ``(b, n, d)`` and the layer's own
+    rotary tables ``(b, n, d_h)`` (float64), and the real tokens ``valid`` ``(b, n)``."""
+    torch = require("torch")
+    state, hooks = {}, []
+
+    def hook_for(layer):
+        def hook(module, args, kwargs):
+            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
+            cos, sin = (t.detach().double() for t in kwargs["position_embeddings"])
+            if cos.dim() == 2:
+                cos, sin = cos[None], sin[None]
+            visit(layer, x, cos, sin, state["valid"])
+        return hook
+
+    for layer in layers:
+        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
+            hook_for(layer), with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in token_batches(tokenizer, texts, max_length, batch_size):
+                state["valid"] = batch["attention_mask"].bool()
+                model(**batch)
+    finally:
+        model.train(was_training)
+        for handle in hooks:
+            handle.remove()
+
+
+def augmented_tokens(x):
+    """``[x, 1]``: the tokens of :class:`HeadModel`."""
+    torch = require("torch")
+    return torch.cat([x, torch.ones_like(x[..., :1])], -1)

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from ._head_forms import HeadModel, augmented_weights, layers_of, rotate
-from ._inputs import require, token_batches
+from ._inputs import attention_inputs, augmented_tokens, require
 
 __all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fold_plane_maps",
            "zero_dropped", "channel_masks", "qk_sizes", "save_shrunk", "shrunk_model"]
@@ -101,44 +101,6 @@ def kept_channels(model, *, plan=None, planes=None):
     return out
 
 
-def _attention_inputs(model, layers, texts, tokenizer, visit, max_length=128, batch_size=8):
-    """Run ``model`` on ``texts`` and call ``visit(layer, x, cos, sin, valid)`` with what enters
-    each layer's attention block: the hidden states ``x`` ``(b, n, d)`` and the layer's own
-    rotary tables ``(b, n, d_h)`` (float64), and the real tokens ``valid`` ``(b, n)``."""
-    torch = require("torch")
-    state, hooks = {}, []
-
-    def hook_for(layer):
-        def hook(module, args, kwargs):
-            x = (args[0] if args else kwargs["hidden_states"]).detach().double()
-            cos, sin = (t.detach().double() for t in kwargs["position_embeddings"])
-            if cos.dim() == 2:
-                cos, sin = cos[None], sin[None]
-            visit(layer, x, cos, sin, state["valid"])
-        return hook
-
-    for layer in layers:
-        hooks.append(model.get_submodule(layer.attention_module).register_forward_pre_hook(
-            hook_for(layer), with_kwargs=True))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch in token_batches(tokenizer, texts, max_length, batch_size):
-                state["valid"] = batch["attention_mask"].bool()
-                model(**batch)
-    finally:
-        model.train(was_training)
-        for handle in hooks:
-            handle.remove()
-
-
-def _augmented(x):
-    """``[x, 1]``: the tokens of :class:`HeadModel`."""
-    torch = require("torch")
-    return torch.cat([x, torch.ones_like(x[..., :1])], -1)
-
-
 def _head_energies(model, layers, texts, tokenizer, max_length, batch_size=8):
     """Per layer, the mean over real tokens of every query and key channel's square.
 
@@ -151,7 +113,7 @@ def _head_energies(model, layers, texts, tokenizer, max_length, batch_size=8):
     weights = {layer.index: augmented_weights(layer) for layer in layers}
 
     def visit(layer, x, cos, sin, valid):
-        X = _augmented(x)[valid]
+        X = augmented_tokens(x)[valid]
         queries = [HeadModel(layer, h, weights[layer.index]) for h in range(layer.n_heads)]
         group = layer.n_heads // layer.n_kv_heads
         keys = queries[::group]  # the first query head of each group reads its key head
@@ -161,7 +123,7 @@ def _head_energies(model, layers, texts, tokenizer, max_length, batch_size=8):
         sums[layer.index] = (old[0] + eq, old[1] + ek)
         counts[layer.index] = counts.get(layer.index, 0) + len(X)
 
-    _attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
+    attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
     return {index: (eq / counts[index], ek / counts[index]) for index, (eq, ek) in sums.items()}
 
 
@@ -222,7 +184,20 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
     return out
 
 
-def _attention(head, X, k, cos, sin, allowed):
+def attended(layer, valid):
+    """``(b, n, n)``: whether query ``i`` attends key ``j`` in the layer, for the real tokens
+    ``valid`` ``(b, n)``: causal, padding, and the layer's sliding window."""
+    torch = require("torch")
+    n = valid.shape[1]
+    allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
+               & valid[:, None, :] & valid[:, :, None])
+    if layer.window is not None:  # query i sees key j only when i - j < window
+        offsets = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        allowed = allowed & (offsets < layer.window)
+    return allowed
+
+
+def attention_of(head, X, k, cos, sin, allowed):
     """A head's rotated queries ``(b, n, d_h)``, its logits and its attention ``(b, n, n)``
     (zero outside ``allowed``) on tokens ``X`` (``[x, 1]``) and its key head's rotated keys
     ``k``, as :class:`HeadModel` computes them."""
@@ -257,12 +232,7 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
 
     def visit(layer, x, cos, sin, valid):
         half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
-        X, n = _augmented(x), x.shape[1]
-        allowed = (torch.tril(torch.ones(n, n, dtype=torch.bool))[None]
-                   & valid[:, None, :] & valid[:, :, None])
-        if layer.window is not None:  # query i sees key j only when i - j < window
-            offsets = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-            allowed = allowed & (offsets < layer.window)
+        X, allowed = augmented_tokens(x), attended(layer, valid)
         for g, kept in enumerate(planes[layer.index]):
             if not kept:
                 continue
@@ -278,7 +248,7 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
                 old = systems.get(key, (0.0, 0.0))
                 systems[key] = (old[0] + gram, old[1] + rhs)
 
-    _attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
+    attention_inputs(model, layers, texts, tokenizer, visit, max_length, batch_size)
     return {key: _solve_plane_map(gram, rhs) for key, (gram, rhs) in systems.items()}
 
 
@@ -289,7 +259,7 @@ def _plane_normal_equations(head, X, k, cos, sin, allowed, f, ka, kb, half):
     centred under the attention ``p_ij`` of row ``i``: ``gram = sum p (x - E_p x)(x - E_p
     x)^T``, ``rhs = sum p (x - E_p x)(l - E_p l)``."""
     torch = require("torch")
-    q, logits, p = _attention(head, X, k, cos, sin, allowed)
+    q, logits, p = attention_of(head, X, k, cos, sin, allowed)
     qa, qb = q[..., f][:, :, None], q[..., f + half][:, :, None]
     features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * head.scale
     centred = features - (p[..., None] * features).sum(-2, keepdim=True)
@@ -401,13 +371,14 @@ def channel_masks(model, channels, *, kept=True):
     return masks
 
 
-def qk_sizes(model, channels=None):
+def qk_sizes(model, channels=None, *, latent=False):
     """``qk_parameters`` and ``key_cache_channels``, each ``{"original", "compressed"}``.
 
     Query and key weights and biases of the attention layers, and the key channels cached per
     token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
     them). A family that normalises its heads keeps its projections whole and adds ``q_turn``
-    (two numbers per kept query channel).
+    (two numbers per kept query channel); latent keys (``latent=True``,
+    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent channel.
     """
     _, layers, _ = layers_of(model)
     d_model = layers[0].w_q.shape[1]
@@ -421,6 +392,10 @@ def qk_sizes(model, channels=None):
                 "key_cache_channels": {"original": cache, "compressed": cache}}
     width_q = sum(len(c) for entry in channels for c in entry["query"])
     width_k = sum(len(c) for entry in channels for c in entry["key"])
+    if latent:
+        return {"qk_parameters": {"original": original, "compressed": original
+                                  + layers[0].head_dim * (width_q + width_k)},
+                "key_cache_channels": {"original": cache, "compressed": width_k}}
     if layers[0].normalised:
         return {"qk_parameters": {"original": original, "compressed": original + 2 * width_q},
                 "key_cache_channels": {"original": cache, "compressed": width_k}}
@@ -435,15 +410,20 @@ def qk_sizes(model, channels=None):
 MODELING_FILE = "modeling_shrunk.py"
 
 
-def _modeling_source(model, family):
+def _modeling_source(model, family, latent=False):
     """The text of ``modeling_shrunk.py`` for ``model``'s class: the template, then the
-    lines that wrap the model's stock class and its family's stock attention."""
+    lines that wrap the model's stock class and its family's stock attention (by latent keys
+    with ``latent``)."""
     stock = type(model)
     module = stock.__module__
     if not module.startswith("transformers.models."):
         raise ValueError(f"Writing the shrunk form needs a stock transformers model class. "
                          f"Got {stock.__module__}.{stock.__name__}.")
     attention, factory = _ATTENTION[family.name]
+    if latent:
+        if not family.rotary:
+            raise ValueError("Latent keys are a form of rotary heads.")
+        factory = "latent_attention"
     if attention is None:  # a LLaMA-style family: the attention class of the model's module
         attention = next((name for name in dir(sys.modules[module])
                           if name.endswith("Attention") and name[:-len("Attention")]
@@ -472,14 +452,22 @@ def _auto_class(model):
     raise ValueError(f"No transformers auto class maps to {type(model).__name__}.")
 
 
-def _shrunk_state(model, family, layers, channels, maps=None):
+def _shrunk_state(model, family, layers, channels, maps=None, latent=None):
     """The compressed model's state dict with each query and key projection cut to its kept
     channels (rows of an ``nn.Linear``; for GPT-2's fused ``Conv1D``, ``[kept queries |
     kept keys | values]`` columns). Every other tensor is the model's own. A family that
-    normalises its heads keeps its projections whole and takes each layer's ``q_turn``."""
+    normalises its heads keeps its projections whole and takes each layer's ``q_turn``;
+    latent keys keep them whole and take each layer's ``query_map`` and ``key_map``."""
     torch = require("torch")
     state = dict(model.state_dict())
     by_index = {layer.index: layer for layer in layers}
+    if latent is not None:
+        dtype = next(model.parameters()).dtype
+        for layer in layers:
+            query_map, key_map = latent[layer.index]
+            state[layer.attention_module + ".query_map"] = torch.as_tensor(query_map).to(dtype)
+            state[layer.attention_module + ".key_map"] = torch.as_tensor(key_map).to(dtype)
+        return state
     if layers[0].normalised:
         dtype = next(model.parameters()).dtype
         for entry in channels:
@@ -557,16 +545,18 @@ def _load_modeling(path, name):
     return getattr(module, name)
 
 
-def _built(model, family, layers, channels, maps, cls):
+def _built(model, family, layers, channels, maps, cls, latent=None):
     """``cls`` (the kept model's class) built on ``model``'s config and compressed weights."""
     config = copy.deepcopy(model.config)
     config.qk_channels = {"query": [e["query"] for e in channels],
                           "key": [e["key"] for e in channels]}
+    if latent is not None:  # the channels are latent: the maps of query_map and key_map
+        config.qk_latent = True
     # the kept attention builds the masks of the stock eager or SDPA attention, not others'
     if config._attn_implementation != "eager":
         config._attn_implementation = "sdpa"
     dtype = next(model.parameters()).dtype
-    state = _shrunk_state(model, family, layers, channels, maps)
+    state = _shrunk_state(model, family, layers, channels, maps, latent)
     shrunk = cls(config).to(dtype)
     missing, unexpected = shrunk.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k in dict(shrunk.named_parameters())]:
@@ -577,28 +567,33 @@ def _built(model, family, layers, channels, maps, cls):
     return shrunk
 
 
-def shrunk_model(model, channels, *, maps=None):
+def shrunk_model(model, channels, *, maps=None, latent=None):
     """The model of the kept channels in memory: what :func:`save_shrunk` writes.
 
-    ``model`` and ``channels`` as :func:`save_shrunk` takes them; ``maps`` (:func:`plane_maps`)
-    only for a family that normalises its heads (the original model, whose projections stay
-    whole; the maps become ``q_turn``), elsewhere already folded into ``model``.
+    ``model``, ``channels`` and ``latent`` as :func:`save_shrunk` takes them; ``maps``
+    (:func:`plane_maps`) only for a family that normalises its heads (the original model,
+    whose projections stay whole; the maps become ``q_turn``), elsewhere already folded into
+    ``model``.
     """
     family, layers, _ = layers_of(model)
-    name, source = _modeling_source(model, family)
+    name, source = _modeling_source(model, family, latent is not None)
     module = types.ModuleType(f"_ebound_shrunk_{name}")
     exec(compile(source, MODELING_FILE, "exec"), module.__dict__)  # the file save_shrunk writes
-    return _built(model, family, layers, channels, maps, getattr(module, name))
+    return _built(model, family, layers, channels, maps, getattr(module, name), latent)
 
 
-def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None):
+def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None, latent=None):
     """Write ``model`` with only its kept query and key channels to ``directory``.
 
     ``model`` is the compressed model in the original's shapes (its dropped channels zero or
     not: only the kept ones are written); ``channels`` as :func:`kept_channels` gives them.
     For a family that normalises its heads (Gemma 3) ``model`` is the original, whose
     projections and norms are written whole, and ``maps`` (:func:`plane_maps`, optional) the
-    kept planes' scaled rotations, written as each layer's ``q_turn``. The directory holds
+    kept planes' scaled rotations, written as each layer's ``q_turn``. With ``latent``
+    (:func:`~._latent_keys.latent_maps`, and ``channels`` from
+    :func:`~._latent_keys.latent_channels`), ``model`` is the original, its projections (and
+    norms) written whole, and each layer's ``query_map`` and ``key_map`` beside them: the
+    logits and the cache take the latent keys. The directory holds
     ``config.json`` (the original's, with ``qk_channels`` and ``auto_map``),
     ``modeling_shrunk.py`` and the weights in the model's dtype; load it with
     ``AutoModel...from_pretrained(directory, trust_remote_code=True)``.
@@ -611,11 +606,11 @@ def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None):
     family, layers, _ = layers_of(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    name, source = _modeling_source(model, family)
+    name, source = _modeling_source(model, family, latent is not None)
     auto_map = {_auto_class(model): f"{MODELING_FILE[:-3]}.{name}"}
     (directory / MODELING_FILE).write_text(source, encoding="utf-8")
     shrunk = _built(model, family, layers, channels, maps,
-                    _load_modeling(directory / MODELING_FILE, name))
+                    _load_modeling(directory / MODELING_FILE, name), latent)
     shrunk.config.auto_map = auto_map
     shrunk.save_pretrained(directory)
     # save_pretrained names the dynamic class; the directory's loader is auto_map's

@@ -26,6 +26,14 @@ logits and are cached. Each kept plane of a query head may be turned and scaled,
 b J q`` (``J`` the plane's quarter turn, which commutes with its rotations), by the layer's
 ``q_turn`` (``(2, kept query channels)``: ``a`` then ``b`` per kept channel): after the norm no
 weight of the stock model can hold it.
+
+A rotary model may instead keep *latent keys* (``config.qk_latent``): its projections (and
+norms) stay whole, every head is rotated as the stock model rotates it, and only then does each
+key head ``g`` take a map ``A_g`` (``r_g x d_h``, the rows of the layer's ``key_map``) and each
+of its query heads ``h`` a map ``B_h`` (``r_g x d_h``, rows of ``query_map``): head ``h``'s logit
+is ``(B_h R q_h) . (A_g R k_g) * scaling``, a rank-``r_g`` form of ``q_h . k_g`` taken after the
+rotation, so that the cache holds ``A_g R k_g``, ``r_g`` channels per key head. ``qk_channels``
+then lists ``0 .. r_g - 1`` for every head: the latent channels.
 """
 
 import torch
@@ -68,6 +76,10 @@ class KeptChannels(nn.Module):
         k_start = [sum(self.k_width[:g]) for g in range(len(key))]
         self._block = [h * self.k_size + k_start[h // self.group] + i
                        for h, channels in enumerate(query) for i in range(len(channels))]
+        # each kept entry's head (for the latent maps, :meth:`project`)
+        self._head = {name: [h for h, channels in enumerate(heads) for _ in channels]
+                      for name, heads in (("q", query), ("k", key))}
+        self._head_dim = head_dim
         self._tables = {}
 
     @staticmethod
@@ -107,6 +119,21 @@ class KeptChannels(nn.Module):
         """The kept channels (``(b, n, width)``) of every head's whole channels side by side
         (``(b, n, heads * d_h)``)."""
         return x[..., self._table(name, x)[3]]
+
+    def project(self, x, rows, name):
+        """``x`` (``(b, n, heads, d_h)``, every head's whole channels) mapped by ``rows``
+        (``(kept entries, d_h)``): kept entry ``i`` of head ``h`` is ``rows[i] . x_h``.
+        Returns ``(b, n, kept entries)``, by one product with the block matrix of the rows."""
+        b, n, heads, d_h = x.shape
+        key = ("project", name, x.device)
+        if key not in self._tables:  # each row's entries in a zero (entries, heads d_h) matrix
+            span = torch.arange(d_h, device=x.device)
+            head = torch.tensor(self._head[name], dtype=torch.long, device=x.device)
+            entry = torch.arange(len(head), device=x.device)
+            self._tables[key] = ((entry * heads * d_h + head * d_h)[:, None] + span).reshape(-1)
+        block = rows.new_zeros(rows.shape[0] * heads * d_h)
+        block[self._tables[key]] = rows.reshape(-1)
+        return x.reshape(b, n, heads * d_h) @ block.view(rows.shape[0], heads * d_h).T
 
     def turn(self, x, a, b, name="q"):
         """``a x + b rotate_half(x)`` on kept channels ``x``, ``a`` and ``b`` one per kept
@@ -325,6 +352,62 @@ def gemma3_attention(stock):
             return self.o_proj(out), weights
 
     return KeptGemma3Attention
+
+
+def _rotated(x, cos, sin):
+    """``x cos + rotate_half(x) sin`` on every head of ``x`` (``(b, n, heads, d_h)``), the
+    stock rotation with the rotary tables ``(b, n, d_h)``."""
+    half = x.shape[-1] // 2
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def latent_attention(stock):
+    """A rotary attention class (LLaMA-style, or Gemma 3's with its per-head ``q_norm`` and
+    ``k_norm``) with latent keys: the stock projections, norms and rotation, then each key
+    head's ``key_map`` rows and each query head's ``query_map`` rows, so that only the latent
+    channels enter the logits and the cache. A ``softcap`` passed through the keywords caps
+    the logits as the stock eager attention does."""
+
+    class LatentKeyAttention(stock):
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            query, key = _kept(config, layer_idx)
+            self.kept = KeptChannels(query, key, self.head_dim, rotary=False)
+            dtype = self.q_proj.weight.dtype
+            # the identity on the first channels until the fitted maps are loaded
+            self.query_map = nn.Parameter(_first_channels(query, self.head_dim).to(dtype))
+            self.key_map = nn.Parameter(_first_channels(key, self.head_dim).to(dtype))
+
+        def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
+                    cache=None, past_key_values=None, **kwargs):
+            cache = past_key_values if cache is None else cache
+            b, n = hidden_states.shape[:-1]
+            shape = (b, n, -1, self.head_dim)
+            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+            query = self.q_proj(hidden_states).view(shape)
+            key = self.k_proj(hidden_states).view(shape)
+            if hasattr(self, "q_norm"):  # per-head norms over (b, n, heads, d_h), as stock
+                query, key = self.q_norm(query), self.k_norm(key)
+            cos, sin = position_embeddings
+            query = self.kept.project(_rotated(query, cos, sin), self.query_map, "q")
+            key = self.kept.project(_rotated(key, cos, sin), self.key_map, "k")[:, None]
+            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
+            out, weights = self.kept.attention(
+                query, key, value, attention_mask, self.scaling,
+                0.0 if not self.training else self.attention_dropout, self.training,
+                is_causal=_causal(self, kwargs), softcap=kwargs.get("softcap"))
+            return self.o_proj(out), weights
+
+    return LatentKeyAttention
+
+
+def _first_channels(heads, head_dim):
+    """Rows picking channel ``c`` of each head for its kept entries ``c``."""
+    rows = torch.zeros(sum(len(c) for c in heads), head_dim)
+    channels = [c for kept in heads for c in kept]
+    rows[torch.arange(len(channels)), torch.tensor(channels, dtype=torch.long)] = 1.0
+    return rows
 
 
 def gpt2_attention(stock):

@@ -29,6 +29,7 @@ from ._compression import (
 )
 from ._deficiency import head_deficiency
 from ._head_forms import check_texts, model_source
+from ._latent_keys import latent_channels, latent_maps, latent_widths
 from ._planning import plan_ranks
 from ._refit import refit_heads
 from ._sensitivity import head_sensitivity
@@ -50,7 +51,7 @@ __all__ = ["CompressionReport", "compress_model", "ENCODER_AUTO", "LANGUAGE_MODE
 ALLOCATIONS = ("auto", "greedy", "fisher", "taylor", "uniform")
 REFINES = ("auto", "none", "sequential", "distill")
 REFITS = ("auto", "all", "none")
-FORMS = ("shrunk", "query", "auto")
+FORMS = ("shrunk", "latent", "query", "auto")
 DEFAULT_BUDGET = 0.4
 
 
@@ -164,13 +165,18 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         ``"all"``: once measured, the plan's heads are fitted again (and refined) on every
         line, and that model is returned and written; ``"auto"``: ``"all"`` for an encoder,
         ``"none"`` for a causal language model.
-    form : {"shrunk", "query", "auto"}, default="shrunk"
+    form : {"shrunk", "latent", "query", "auto"}, default="shrunk"
         ``"shrunk"``: forms whose written tensors are smaller. A head without rotary
         embeddings keeps query and key maps of width ``r`` (the plan's rank-``r`` factors);
         a rotary head keeps whole rotary planes per key head, shared by its query group
         (:func:`~._shrink.plane_plan`), of its normalised queries and keys where the family
         normalises them (Gemma 3: the projections and norms stay whole, the kept channels are
         taken after the norm); ``out`` then holds a model of the kept widths.
+        ``"latent"`` (rotary heads only): the same key channels per key head as the planes,
+        but any subspace of the rotated keys (:mod:`~._latent_keys`): the projections (and
+        norms) stay whole, each key head caches ``A_g R k`` and its query heads meet it with
+        ``B_h R q``, maps fitted on the calibration half (more of the model kept at the same
+        key cache, for ``d_h`` numbers per latent channel).
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache). ``"auto"``:
         ``"shrunk"`` for heads without rotary embeddings (the same model in smaller tensors)
@@ -223,7 +229,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
     allocation, train_steps, refine, refit = _resolve_auto(language_model, allocation,
                                                            train_steps, refine, refit)
     form = _resolve_form(form, model)
-    rotary_shrunk, normalised = _rotary_shrunk(model, form, train_steps, refine, refit)
+    rotary_shrunk, whole = _rotary_shrunk(model, form, train_steps, refine, refit)
     epsilons = (0.01, 0.05, 0.1) if eps is None else tuple(sorted({0.01, 0.05, 0.1, eps}))
     job = _Job(model, tokenizer, texts, language_model, train_steps, refine, max_length,
                random_state, progress, on_layer, checkpoint,
@@ -243,7 +249,7 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         kept["trained pairs"] = len(result.resumed_layers)
         method = "trained"
     compressed, channels, maps = _compressed(job, result, plan, method, sensitivity,
-                                             calibration_texts, rotary_shrunk, normalised,
+                                             calibration_texts, rotary_shrunk, whole,
                                              fit_planes, form)
     evaluation = [texts[i] for i in result.evaluation_index]
     fidelity = _fidelity(model, compressed, evaluation, tokenizer, max_length, language_model)
@@ -255,31 +261,36 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
                            plan, texts)
         fidelity["refit_lines"] = len(texts)
     if out is not None:
-        _write(model if normalised else written, channels, Path(out), form, tokenizer, maps)
-    sizes = qk_sizes(model, channels)
+        _write(model if whole else written, channels, Path(out), form, tokenizer, maps)
+    sizes = qk_sizes(model, channels, latent=form == "latent")
     return written, CompressionReport(
         _per_head(result, plan, train_steps), deficiency=result, plan=plan, fidelity=fidelity,
         language_model=language_model, methods=methods, budget=budget, eps=eps,
         allocation=plan.allocation, train_steps=train_steps, refine=refine, refit=refit,
-        form=form, fit_planes=fit_planes and rotary_shrunk, kept=kept, channels=channels,
+        form=form, fit_planes=fit_planes and rotary_shrunk and form == "shrunk", kept=kept,
+        channels=channels,
         out=None if out is None else str(out),
         measured_distillation=getattr(compressed, "distillation_", None),
         written_distillation=getattr(written, "distillation_", None), **sizes)
 
 
 def _rotary_shrunk(model, form, train_steps, refine, refit):
-    """``(rotary shrunk form, its heads normalised before the rotation)``, and an error for
-    the steps that form takes not."""
-    rotary_shrunk = form == "shrunk" and check_shrinkable(model)
-    normalised = rotary_shrunk and check_shrinkable(model, normalised=True)
+    """``(rotary shrunk or latent form, its projections written whole)``, and an error for
+    the steps that form takes not. The projections stay whole for latent keys and for heads
+    normalised before their rotation."""
+    if form == "latent" and not check_shrinkable(model):
+        raise ValueError("form='latent' is a form of rotary heads; a head without rotary "
+                         "embeddings keeps query and key maps of width r (form='shrunk').")
+    rotary_shrunk = form in ("shrunk", "latent") and check_shrinkable(model)
+    whole = rotary_shrunk and (form == "latent" or check_shrinkable(model, normalised=True))
     if rotary_shrunk and (train_steps or refine == "sequential" or refit != "none"
-                          or (normalised and refine != "none")):
-        raise ValueError("A rotary model's shrunk form keeps whole rotary planes of the "
-                         "original maps: it takes no trained pairs, sequential refinement "
-                         "nor refit (`train_steps=0`, `refine='none'` or `'distill'` (not for "
-                         "heads normalised before their rotation), `refit='none'`; or "
-                         "`form='query'`).")
-    return rotary_shrunk, normalised
+                          or (whole and refine != "none")):
+        raise ValueError("A rotary model's shrunk and latent forms are fitted on the original "
+                         "maps: they take no trained pairs, sequential refinement nor refit "
+                         "(`train_steps=0`, `refine='none'` or `'distill'` (not for heads "
+                         "normalised before their rotation, nor for latent keys), "
+                         "`refit='none'`; or `form='query'`).")
+    return rotary_shrunk, whole
 
 
 def _resolve_auto(language_model, allocation, train_steps, refine, refit):
@@ -381,21 +392,27 @@ def _resolve_form(form, model):
 
 
 def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
-                normalised, fit_planes, form):
+                whole, fit_planes, form):
     """The compressed model, the channels it keeps (``None`` for ``form="query"``) and the
-    plane maps its written attention holds (``None`` but for a ``normalised`` family): whole
-    rotary planes per key head (their scaled rotations fitted with ``fit_planes``), or each
-    head's planned rank-``r`` form, refined on the calibration half. A family that normalises
-    its heads before the rotation keeps its projections whole: the model of the kept
-    channels itself."""
+    maps its written attention holds (``None`` but where the projections stay ``whole``):
+    whole rotary planes per key head (their scaled rotations fitted with ``fit_planes``),
+    latent keys of as many channels, or each head's planned rank-``r`` form, refined on the
+    calibration half. Where the projections stay whole (latent keys; a family that
+    normalises its heads before the rotation), the model of the kept channels itself."""
     model, tokenizer = job.model, job.tokenizer
     if rotary_shrunk:
         planes = plane_plan(model, plan, calibration_texts, tokenizer=tokenizer,
                             sensitivity=sensitivity, max_length=job.max_length)
+        if form == "latent":  # as many key channels as the planes, taken after the rotation
+            widths = latent_widths(planes)
+            fitted = latent_maps(model, widths, calibration_texts, tokenizer=tokenizer,
+                                 max_length=job.max_length)
+            channels = latent_channels(model, widths)
+            return shrunk_model(model, channels, latent=fitted), channels, fitted
         channels = kept_channels(model, planes=planes)
         fitted = plane_maps(model, planes, calibration_texts, tokenizer=tokenizer,
                             max_length=job.max_length) if fit_planes else None
-        if normalised:
+        if whole:
             return shrunk_model(model, channels, maps=fitted), channels, fitted
         compressed = zero_dropped(model, channels)
         if fitted is not None:
@@ -410,7 +427,9 @@ def _write(written, channels, target, form, tokenizer, maps=None):
     """Write the model and its tokenizer to ``target``: shrunk to the kept widths (with the
     plane ``maps`` of a normalised family, ``written`` then the original), or in the model's
     own class."""
-    if form == "shrunk":
+    if form == "latent":
+        save_shrunk(written, channels, target, tokenizer=tokenizer, latent=maps)
+    elif form == "shrunk":
         save_shrunk(written, channels, target, tokenizer=tokenizer, maps=maps)
     else:
         target.mkdir(parents=True, exist_ok=True)

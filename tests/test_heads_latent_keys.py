@@ -1,0 +1,147 @@
+"""Latent keys: any subspace of the rotated keys, cached at the width the planes would take.
+
+Tiny random LLaMA (grouped keys), Qwen2 (query and key biases) and Gemma 3 (normalised heads,
+a sliding layer) models are compressed with ``form="latent"``, written, and loaded in a fresh
+interpreter: their ``generate()`` is the in-memory model's, the key cache holds the latent
+channels only, every original weight is kept bit for bit beside the two maps per layer, and
+keeping every channel is the original. The fitted maps are the best of their rank in the
+metric they are fitted in (no plane selection beats them there).
+"""
+
+import numpy as np
+import pytest
+from test_heads_shrink import PROMPT, TEXTS, _model, _reload
+
+from sklearn_ebound.heads import compress_model
+from sklearn_ebound.heads._head_forms import layers_of
+from sklearn_ebound.heads._latent_keys import latent_channels, latent_maps, latent_widths
+from sklearn_ebound.heads._shrink import shrunk_model
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+CASES = [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32),
+         ("gemma3", torch.float32)]
+
+
+def _name(kind, dtype):
+    return f"{kind}-{str(dtype).split('.')[-1]}"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, word_tokenizer):
+    tmp = tmp_path_factory.mktemp("latent")
+    runs, cases = {}, []
+    for kind, dtype in CASES:
+        model = _model(kind, dtype)
+        compressed, report = compress_model(model, TEXTS, tokenizer=word_tokenizer(60),
+                                            budget=0.5, form="latent", max_length=16,
+                                            out=tmp / _name(kind, dtype))
+        runs[_name(kind, dtype)] = (model, compressed, report)
+        cases.append((_name(kind, dtype), str(tmp / _name(kind, dtype)),
+                      "AutoModelForCausalLM"))
+    return runs, _reload(cases, tmp)
+
+
+@pytest.mark.parametrize(("kind", "dtype"), CASES)
+def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype):
+    runs, reloaded = written
+    model, compressed, report = runs[_name(kind, dtype)]
+    got = reloaded[_name(kind, dtype)]
+    assert got["class"] == "Kept" + type(model).__name__
+    assert got["dtypes"] == [str(dtype)]
+    assert report.form == "latent" and not report.fit_planes
+    widths = [sum(len(c) for c in entry["key"]) for entry in report.channels]
+    assert report.key_cache_channels["compressed"] == sum(widths)
+    assert 0 < sum(widths) < report.key_cache_channels["original"]
+    # the projections whole, and d_h numbers per latent channel of every query and key head
+    d_h = layers_of(model)[1][0].head_dim
+    latent = sum(len(c) for entry in report.channels for c in entry["query"] + entry["key"])
+    assert report.qk_parameters["compressed"] == report.qk_parameters["original"] + d_h * latent
+    original, state = model.state_dict(), got["state"]
+    for key, value in original.items():  # every original weight, bit for bit
+        assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
+    assert sorted(set(state) - set(original)) == sorted(
+        f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("key_map", "query_map"))
+    key_map = np.asarray(state["model.layers.0.self_attn.key_map"])
+    assert key_map.shape == (widths[0], d_h)
+    assert np.count_nonzero(key_map) > widths[0]  # not a selection of channels
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        run = compressed(ids, use_cache=True)
+        stock = model(ids, use_cache=True).past_key_values.layers
+        generated = compressed.generate(ids, max_new_tokens=5, do_sample=False,
+                                        pad_token_id=0).tolist()
+    lengths = [layer.keys.shape[2] for layer in stock]  # a sliding layer keeps its window
+    assert got["cache"] == [[1, 1, m, w] for m, w in zip(lengths, widths, strict=True)]
+    assert got["values"] == [list(layer.values.shape) for layer in stock]
+    assert got["generated"] == generated
+    tolerance = 1e-4 if dtype == torch.float32 else 0.1
+    np.testing.assert_allclose(np.asarray(got["logits"]), run.logits.float().numpy(),
+                               atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
+def test_latent_keys_of_every_channel_are_the_original(kind, word_tokenizer):
+    model = _model(kind)
+    layers = layers_of(model)[1]
+    widths = {layer.index: [layer.head_dim] * layer.n_kv_heads for layer in layers}
+    maps = latent_maps(model, widths, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    shrunk = shrunk_model(model, latent_channels(model, widths), latent=maps)
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad():
+        np.testing.assert_allclose(shrunk(ids).logits.numpy(), model(ids).logits.numpy(),
+                                   atol=1e-4, rtol=1e-4)
+    # and fewer channels change the logits
+    half = {i: [w // 2 for w in ws] for i, ws in widths.items()}
+    maps = latent_maps(model, half, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    shrunk = shrunk_model(model, latent_channels(model, half), latent=maps)
+    with torch.no_grad():
+        assert not torch.allclose(shrunk(ids).logits, model(ids).logits, atol=1e-3)
+
+
+def _error(cq, ck, a, b):
+    """``E (q^T (I - B^T A) k)^2`` for independent ``q``, ``k`` of second moments ``cq``,
+    ``ck``."""
+    m = np.eye(len(ck)) - b.T @ a
+    return np.trace(m.T @ cq @ m @ ck)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fitted_maps_beat_every_selection_of_planes(seed):
+    # Eckart-Young in the fitted metric: no choice of whole planes (the planes' own best
+    # query map) comes below the latent maps of the same width
+    from sklearn_ebound.heads._latent_keys import _maps
+
+    rng = np.random.RandomState(seed)
+    d_h, width = 8, 4
+    x, y = rng.randn(200, d_h) * rng.gamma(1, size=d_h), rng.randn(200, d_h) @ rng.randn(d_h,
+                                                                                        d_h)
+    cq, ck = x.T @ x / 200, y.T @ y / 200
+    a, b = _maps(cq, ck, width)
+    assert a.shape == b.shape == (width, d_h)
+    best = _error(cq, ck, a, b)
+    half = d_h // 2
+    for first in range(half):
+        for second in range(first + 1, half):
+            rows = np.eye(d_h)[[first, second, first + half, second + half]]
+            b_planes = (ck @ rows.T @ np.linalg.inv(rows @ ck @ rows.T)).T
+            assert best <= _error(cq, ck, rows, b_planes) + 1e-9
+    a, b = _maps(cq, ck, d_h)  # every channel: the identity
+    np.testing.assert_allclose(b.T @ a, np.eye(d_h), atol=1e-8)
+
+
+def test_latent_keys_are_refused_where_they_do_not_apply(word_tokenizer):
+    tok = word_tokenizer(60)
+    with pytest.raises(ValueError, match="form of rotary heads"):
+        compress_model(_model("bert"), TEXTS, tokenizer=tok, form="latent", train_steps=0,
+                       refine="none", refit="none", max_length=16)
+    with pytest.raises(ValueError, match="no trained pairs"):
+        compress_model(_model("llama"), TEXTS, tokenizer=tok, form="latent", refine="distill",
+                       max_length=16)
+    model = _model("llama")
+    with pytest.raises(ValueError, match="a width in 0..8"):
+        latent_channels(model, {0: [4, 9], 1: [4, 4]})
+    with pytest.raises(ValueError, match="each of its 2 key heads"):
+        latent_channels(model, {0: [4], 1: [4, 4]})
+    assert latent_widths({0: [[0, 2], []]}) == {0: [4, 0]}
