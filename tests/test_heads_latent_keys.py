@@ -145,3 +145,26 @@ def test_latent_keys_are_refused_where_they_do_not_apply(word_tokenizer):
     with pytest.raises(ValueError, match="each of its 2 key heads"):
         latent_channels(model, {0: [4], 1: [4, 4]})
     assert latent_widths({0: [[0, 2], []]}) == {0: [4, 0]}
+
+
+def test_projection_of_heads_of_unequal_widths():
+    # each kept entry is its row dotted with its own head's channels, heads of width 0
+    # included; rows that take a gradient are not kept between calls
+    from sklearn_ebound.heads._shrunk_modeling import KeptChannels
+
+    widths = [3, 0, 5]
+    kept = KeptChannels([list(range(w)) for w in widths], [list(range(w)) for w in widths], 6,
+                        rotary=False)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 3, 6, generator=generator)
+    rows = torch.randn(8, 6, generator=generator, requires_grad=True)
+    heads = [0, 0, 0, 2, 2, 2, 2, 2]
+    expected = torch.stack([x[..., h, :] @ rows[i] for i, h in enumerate(heads)], -1)
+    got = kept.project(x, rows, "k")
+    torch.testing.assert_close(got, expected)
+    got.sum().backward()
+    assert rows.grad is not None and not any(k[0] == "padded" for k in kept._tables)
+    with torch.no_grad():
+        torch.testing.assert_close(kept.project(x, rows, "k"), expected)
+        rows.mul_(2.0)  # a changed map is read again
+        torch.testing.assert_close(kept.project(x, rows, "k"), 2 * expected)

@@ -79,6 +79,7 @@ class KeptChannels(nn.Module):
         # each kept entry's head (for the latent maps, :meth:`project`)
         self._head = {name: [h for h, channels in enumerate(heads) for _ in channels]
                       for name, heads in (("q", query), ("k", key))}
+        self._heads = {"q": len(query), "k": len(key)}
         self._head_dim = head_dim
         self._tables = {}
 
@@ -123,17 +124,34 @@ class KeptChannels(nn.Module):
     def project(self, x, rows, name):
         """``x`` (``(b, n, heads, d_h)``, every head's whole channels) mapped by ``rows``
         (``(kept entries, d_h)``): kept entry ``i`` of head ``h`` is ``rows[i] . x_h``.
-        Returns ``(b, n, kept entries)``, by one product with the block matrix of the rows."""
-        b, n, heads, d_h = x.shape
-        key = ("project", name, x.device)
-        if key not in self._tables:  # each row's entries in a zero (entries, heads d_h) matrix
-            span = torch.arange(d_h, device=x.device)
-            head = torch.tensor(self._head[name], dtype=torch.long, device=x.device)
-            entry = torch.arange(len(head), device=x.device)
-            self._tables[key] = ((entry * heads * d_h + head * d_h)[:, None] + span).reshape(-1)
-        block = rows.new_zeros(rows.shape[0] * heads * d_h)
-        block[self._tables[key]] = rows.reshape(-1)
-        return x.reshape(b, n, heads * d_h) @ block.view(rows.shape[0], heads * d_h).T
+        Returns ``(b, n, kept entries)``: one batched product of each head with its rows
+        (padded to the widest head's), then the kept entries."""
+        b, n, heads, _ = x.shape
+        padded, index = self._padded(rows, name)
+        out = torch.einsum("bnhd,hrd->bnhr", x, padded)
+        return out.reshape(b, n, -1)[..., index]
+
+    def _padded(self, rows, name):
+        """``rows`` as ``(heads, widest, d_h)`` (zero rows padding the narrower heads) and the
+        kept entries' places in the flattened ``(heads, widest)``; kept while ``rows`` is
+        unchanged and takes no gradient."""
+        key = ("padded", name, rows.device, rows.dtype)
+        version = (rows.data_ptr(), rows._version)
+        cached = self._tables.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1:]
+        head, heads = self._head[name], self._heads[name]
+        width = [head.count(h) for h in range(heads)]
+        widest = max(width, default=0)
+        start = [sum(width[:h]) for h in range(heads)]
+        rank = [i - start[h] for i, h in enumerate(head)]
+        place = torch.tensor([h * widest + r for h, r in zip(head, rank, strict=True)],
+                             dtype=torch.long, device=rows.device)
+        padded = rows.new_zeros(heads * widest, rows.shape[1])
+        padded = padded.index_copy(0, place, rows).view(heads, widest, rows.shape[1])
+        if not (rows.requires_grad and torch.is_grad_enabled()):
+            self._tables[key] = (version, padded, place)
+        return padded, place
 
     def turn(self, x, a, b, name="q"):
         """``a x + b rotate_half(x)`` on kept channels ``x``, ``a`` and ``b`` one per kept
