@@ -293,6 +293,18 @@ def _causal(module, kwargs):
     return kwargs.get("is_causal", getattr(module, "is_causal", True))
 
 
+def _attended(module, query, key, value, attention_mask, cache, kwargs):
+    """A rotary block's output and weights from its kept (or latent) queries and keys: the
+    keys and values through the cache, the kept attention (the logits capped when a
+    ``softcap`` comes through the keywords), the output projection."""
+    key, value = _cached(cache, key, value, module.layer_idx, kwargs)
+    out, weights = module.kept.attention(
+        query, key, value, attention_mask, module.scaling,
+        0.0 if not module.training else module.attention_dropout, module.training,
+        is_causal=_causal(module, kwargs), softcap=kwargs.get("softcap"))
+    return module.o_proj(out), weights
+
+
 def _linear_like(old, out_features):
     return nn.Linear(old.in_features, out_features, bias=old.bias is not None,
                      dtype=old.weight.dtype, device=old.weight.device)
@@ -318,12 +330,7 @@ def rotary_attention(stock):
             cos, sin = position_embeddings
             query = self.kept.rotate(self.q_proj(hidden_states), cos, sin, "q")
             key = self.kept.rotate(self.k_proj(hidden_states), cos, sin, "k")[:, None]
-            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
-            out, weights = self.kept.attention(
-                query, key, value, attention_mask, self.scaling,
-                0.0 if not self.training else self.attention_dropout, self.training,
-                is_causal=_causal(self, kwargs))
-            return self.o_proj(out), weights
+            return _attended(self, query, key, value, attention_mask, cache, kwargs)
 
     return KeptRotaryAttention
 
@@ -351,25 +358,29 @@ def gemma3_attention(stock):
                     cache=None, past_key_values=None, **kwargs):
             cache = past_key_values if cache is None else cache
             b, n = hidden_states.shape[:-1]
-            shape = (b, n, -1, self.head_dim)
-            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-            # the norms act on each head's whole channels, in (b, n, heads, d_h) as in the
-            # stock (b, heads, n, d_h): the same per-head numbers
-            query = self.q_norm(self.q_proj(hidden_states).view(shape)).reshape(b, n, -1)
-            key = self.k_norm(self.k_proj(hidden_states).view(shape)).reshape(b, n, -1)
+            query, key, value = _whole_heads(self, hidden_states)
+            query, key = query.reshape(b, n, -1), key.reshape(b, n, -1)
             query = self.kept.turn(self.kept.select(query, "q"), self.q_turn[0],
                                    self.q_turn[1])
             cos, sin = position_embeddings
             query = self.kept.rotate(query, cos, sin, "q")
             key = self.kept.rotate(self.kept.select(key, "k"), cos, sin, "k")[:, None]
-            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
-            out, weights = self.kept.attention(
-                query, key, value, attention_mask, self.scaling,
-                0.0 if not self.training else self.attention_dropout, self.training,
-                is_causal=_causal(self, kwargs), softcap=kwargs.get("softcap"))
-            return self.o_proj(out), weights
+            return _attended(self, query, key, value, attention_mask, cache, kwargs)
 
     return KeptGemma3Attention
+
+
+def _whole_heads(module, hidden_states):
+    """Every query and key head's whole channels, ``(b, n, heads, d_h)``, normalised by the
+    block's ``q_norm`` and ``k_norm`` where it has them (on each head's channels, in this
+    layout as in the stock ``(b, heads, n, d_h)``: the same per-head numbers), and the values
+    ``(b, kv heads, n, d_h)``."""
+    shape = (*hidden_states.shape[:-1], -1, module.head_dim)
+    query = module.q_proj(hidden_states).view(shape)
+    key = module.k_proj(hidden_states).view(shape)
+    if hasattr(module, "q_norm"):
+        query, key = module.q_norm(query), module.k_norm(key)
+    return query, key, module.v_proj(hidden_states).view(shape).transpose(1, 2)
 
 
 def _rotated(x, cos, sin):
@@ -400,22 +411,11 @@ def latent_attention(stock):
         def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
                     cache=None, past_key_values=None, **kwargs):
             cache = past_key_values if cache is None else cache
-            b, n = hidden_states.shape[:-1]
-            shape = (b, n, -1, self.head_dim)
-            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-            query = self.q_proj(hidden_states).view(shape)
-            key = self.k_proj(hidden_states).view(shape)
-            if hasattr(self, "q_norm"):  # per-head norms over (b, n, heads, d_h), as stock
-                query, key = self.q_norm(query), self.k_norm(key)
+            query, key, value = _whole_heads(self, hidden_states)
             cos, sin = position_embeddings
             query = self.kept.project(_rotated(query, cos, sin), self.query_map, "q")
             key = self.kept.project(_rotated(key, cos, sin), self.key_map, "k")[:, None]
-            key, value = _cached(cache, key, value, self.layer_idx, kwargs)
-            out, weights = self.kept.attention(
-                query, key, value, attention_mask, self.scaling,
-                0.0 if not self.training else self.attention_dropout, self.training,
-                is_causal=_causal(self, kwargs), softcap=kwargs.get("softcap"))
-            return self.o_proj(out), weights
+            return _attended(self, query, key, value, attention_mask, cache, kwargs)
 
     return LatentKeyAttention
 
