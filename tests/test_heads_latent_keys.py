@@ -168,3 +168,7 @@ def test_projection_of_heads_of_unequal_widths():
         torch.testing.assert_close(kept.project(x, rows, "k"), expected)
         rows.mul_(2.0)  # a changed map is read again
         torch.testing.assert_close(kept.project(x, rows, "k"), 2 * expected)
+    # a map kept from a call without gradients still takes one when it is trained
+    rows.grad = None
+    kept.project(x, rows, "k").sum().backward()
+    assert rows.grad is not None and rows.grad.abs().sum() > 0

@@ -137,8 +137,9 @@ class KeptChannels(nn.Module):
         unchanged and takes no gradient."""
         key = ("padded", name, rows.device, rows.dtype)
         version = (rows.data_ptr(), rows._version)
+        keep = not (rows.requires_grad and torch.is_grad_enabled())
         cached = self._tables.get(key)
-        if cached is not None and cached[0] == version:
+        if keep and cached is not None and cached[0] == version:
             return cached[1:]
         head, heads = self._head[name], self._heads[name]
         width = [head.count(h) for h in range(heads)]
@@ -149,7 +150,7 @@ class KeptChannels(nn.Module):
                              dtype=torch.long, device=rows.device)
         padded = rows.new_zeros(heads * widest, rows.shape[1])
         padded = padded.index_copy(0, place, rows).view(heads, widest, rows.shape[1])
-        if not (rows.requires_grad and torch.is_grad_enabled()):
+        if keep:  # a map being trained is read afresh, its gradient with it
             self._tables[key] = (version, padded, place)
         return padded, place
 
