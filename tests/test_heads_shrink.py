@@ -446,13 +446,13 @@ def test_gemma3_plane_maps_fit_under_the_model_s_own_attention(word_tokenizer, m
         seen.append(out[2])
         return out
 
-    attention = _shrink.attention_of
-    monkeypatch.setattr(_shrink, "attention_of", recording)
+    attention = _shrink._attention
+    monkeypatch.setattr(_shrink, "_attention", recording)
     full = {i: [list(range(4))] * 2 for i in range(2)}
     for a, b in plane_maps(model, full, texts, tokenizer=tok, max_length=16).values():
         np.testing.assert_allclose(a, 1.0, atol=1e-8)
         np.testing.assert_allclose(b, 0.0, atol=1e-8)
-    monkeypatch.setattr(_shrink, "attention_of", attention)
+    monkeypatch.setattr(_shrink, "_attention", attention)
     batch = tok(texts, max_length=16)
     with torch.no_grad():
         real = model(**batch, output_attentions=True).attentions

@@ -100,8 +100,8 @@ def latent_maps(model, widths, texts, *, tokenizer, max_length=128, batch_size=8
     sums = _moments(model, layers, texts, tokenizer, max_length, batch_size)
     out = {}
     for layer in layers:
-        cq, ck, k_sum, n = (t.numpy() if hasattr(t, "numpy") else t
-                            for t in sums[layer.index])
+        cq, ck, k_sum, n = sums[layer.index]
+        cq, ck, k_sum = cq.numpy(), ck.numpy(), k_sum.numpy()
         group = layer.n_heads // layer.n_kv_heads
         query_rows, key_rows = [], []
         for g, width in enumerate(widths[layer.index]):

@@ -184,7 +184,7 @@ def plane_plan(model, plan, texts, *, tokenizer, sensitivity=None, max_length=12
     return out
 
 
-def attended(layer, valid):
+def _allowed(layer, valid):
     """``(b, n, n)``: whether query ``i`` attends key ``j`` in the layer, for the real tokens
     ``valid`` ``(b, n)``: causal, padding, and the layer's sliding window."""
     torch = require("torch")
@@ -197,7 +197,7 @@ def attended(layer, valid):
     return allowed
 
 
-def attention_of(head, X, k, cos, sin, allowed):
+def _attention(head, X, k, cos, sin, allowed):
     """A head's rotated queries ``(b, n, d_h)``, its logits and its attention ``(b, n, n)``
     (zero outside ``allowed``) on tokens ``X`` (``[x, 1]``) and its key head's rotated keys
     ``k``, as :class:`HeadModel` computes them."""
@@ -232,7 +232,7 @@ def plane_maps(model, planes, texts, *, tokenizer, max_length=128, batch_size=8)
 
     def visit(layer, x, cos, sin, valid):
         half, group = layer.head_dim // 2, layer.n_heads // layer.n_kv_heads
-        X, allowed = augmented_tokens(x), attended(layer, valid)
+        X, allowed = augmented_tokens(x), _allowed(layer, valid)
         for g, kept in enumerate(planes[layer.index]):
             if not kept:
                 continue
@@ -259,7 +259,7 @@ def _plane_normal_equations(head, X, k, cos, sin, allowed, f, ka, kb, half):
     centred under the attention ``p_ij`` of row ``i``: ``gram = sum p (x - E_p x)(x - E_p
     x)^T``, ``rhs = sum p (x - E_p x)(l - E_p l)``."""
     torch = require("torch")
-    q, logits, p = attention_of(head, X, k, cos, sin, allowed)
+    q, logits, p = _attention(head, X, k, cos, sin, allowed)
     qa, qb = q[..., f][:, :, None], q[..., f + half][:, :, None]
     features = torch.cat([qa * ka + qb * kb, qa * kb - qb * ka], -1) * head.scale
     centred = features - (p[..., None] * features).sum(-2, keepdim=True)

@@ -80,7 +80,6 @@ class KeptChannels(nn.Module):
         self._head = {name: [h for h, channels in enumerate(heads) for _ in channels]
                       for name, heads in (("q", query), ("k", key))}
         self._heads = {"q": len(query), "k": len(key)}
-        self._head_dim = head_dim
         self._tables = {}
 
     @staticmethod
