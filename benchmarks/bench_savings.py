@@ -5,8 +5,8 @@ float32) or any ``.gguf`` file or model directory :func:`load_pretrained` reads:
 original, :func:`compress_model`'s shrunk form at each budget (written, and loaded back with
 ``trust_remote_code=True``), the same planes with their kept channels distilled end to end
 (``refine="distill"``; ``--no-distill`` leaves it out), latent keys of as many key channels
-(``form="latent"``: any subspace of the rotated keys, the projections whole) and, at the
-same share of the key
+(``form="latent"``: any subspace of the rotated keys, the projections whole), one latent per
+layer reading every key head (``form="latent-shared"``) and, at the same share of the key
 cache, the peers of ``_decoder_peers.py`` in their shrinking forms: Palu's latent keys (cached
 before the rotation, rebuilt at every step; in memory) and ThinK's rotary pairs (written in the
 package's shrunk form). For each model:
@@ -53,9 +53,10 @@ from _held_out import held_out_sentences
 PACKAGE = "sklearn-ebound (planes)"
 DISTILLED = "sklearn-ebound (planes, distilled)"
 LATENT = "sklearn-ebound (latent keys)"
+SHARED = "sklearn-ebound (shared latent)"
 PALU = "Palu (latent keys)"
 THINK = "ThinK (pairs)"
-METHODS = (PACKAGE, DISTILLED, LATENT, PALU, THINK)
+METHODS = (PACKAGE, DISTILLED, LATENT, SHARED, PALU, THINK)
 EAGER = "original, eager attention"
 QK_MODULES = (".q_proj.", ".k_proj.", ".k_latent.", ".k_up.", ".q_turn.", ".query_map.",
               ".key_map.")
@@ -203,7 +204,8 @@ def _targets(rows):
     holds."""
     out = []
     for row in rows:
-        if row["method"] not in (PACKAGE, DISTILLED, LATENT) or row["budget"] not in TARGETS:
+        if row["method"] not in (PACKAGE, DISTILLED, LATENT, SHARED) or (
+                row["budget"] not in TARGETS):
             continue
         bounds = TARGETS[row["budget"]]
         for key, bound, upper in zip(
@@ -223,19 +225,19 @@ def table(report):
     base = report["original"]
     lines = [f"{report['model']}, {report['context']}-token prompt, {report['new_tokens']} new "
              f"tokens, {report['threads']} torch thread(s), median of {report['repeats']}",
-             f"{'budget':>6}  {'method':<24}{'q/k params':>11}{'key cache':>10}"
+             f"{'budget':>6}  {'method':<36}{'q/k params':>11}{'key cache':>10}"
              f"{'prefill':>9}{'decode':>8}{'ppl':>8}{'KL':>8}",
-             f"{'-':>6}  {'original':<24}{base['qk_parameters']:>11,}"
+             f"{'-':>6}  {'original':<36}{base['qk_parameters']:>11,}"
              f"{base['key_cache_bytes'] / 2**20:>8.1f}MB"
              f"{base['prefill_tokens_per_s']:>7.0f}/s{base['decode_tokens_per_s']:>6.1f}/s"
              f"{base['perplexity']:>8.2f}{0:>8.4f}"]
     for row in report["rows"]:
-        lines.append(f"{row['budget']:>6g}  {row['method']:<24}{row['qk_parameter_ratio']:>10.3f}x"
+        lines.append(f"{row['budget']:>6g}  {row['method']:<36}{row['qk_parameter_ratio']:>10.3f}x"
                      f"{row['key_cache_ratio']:>9.3f}x{row['prefill_ratio']:>8.3f}x"
                      f"{row['decode_ratio']:>7.3f}x{row['perplexity_ratio']:>7.3f}x"
                      f"{row['mean_kl']:>8.4f}")
     for row in report.get("original_eager", []):
-        lines.append(f"{row['budget']:>6g}  {EAGER:<24}{'':>11}{'':>10}"
+        lines.append(f"{row['budget']:>6g}  {EAGER:<36}{'':>11}{'':>10}"
                      f"{row['prefill_ratio']:>8.3f}x{row['decode_ratio']:>7.3f}x")
     for refusal in report.get("refused", []):
         lines.append(f"refused: {refusal}")
@@ -372,7 +374,8 @@ def main(argv=None):
                 break
             seconds = {PACKAGE: time.perf_counter() - start}
             candidates[PACKAGE] = _loaded(Path(tmp) / f"package-{budget:g}")
-            others = {LATENT: dict(form="latent")}  # as many key channels, after the rotation
+            # as many key channels, after the rotation: per key head, and one per layer
+            others = {LATENT: dict(form="latent"), SHARED: dict(form="latent-shared")}
             if not args.no_distill:  # the same planes, their kept channels distilled
                 others[DISTILLED] = dict(refine="distill")
             for method, options in others.items():

@@ -1,8 +1,9 @@
 """Latent keys: any subspace of the rotated keys, cached at the width the planes would take.
 
 Tiny random LLaMA (grouped keys), Qwen2 (query and key biases) and Gemma 3 (normalised heads,
-a sliding layer) models are compressed with ``form="latent"``, written, and loaded in a fresh
-interpreter: their ``generate()`` is the in-memory model's, the key cache holds the latent
+a sliding layer) models are compressed with ``form="latent"`` (a latent per key head) and
+``form="latent-shared"`` (one per layer, reading every key head), written, and loaded in a
+fresh interpreter: their ``generate()`` is the in-memory model's, the key cache holds the latent
 channels only, every original weight is kept bit for bit beside the two maps per layer, and
 keeping every channel is the original. The fitted maps are the best of their rank in the
 metric they are fitted in (no plane selection beats them there).
@@ -14,57 +15,68 @@ from test_heads_shrink import PROMPT, TEXTS, _model, _reload
 
 from sklearn_ebound.heads import compress_model
 from sklearn_ebound.heads._head_forms import layers_of
-from sklearn_ebound.heads._latent_keys import latent_channels, latent_maps, latent_widths
+from sklearn_ebound.heads._latent_keys import (
+    latent_channels,
+    latent_maps,
+    latent_widths,
+    shared_widths,
+)
 from sklearn_ebound.heads._shrink import shrunk_model
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-CASES = [("llama", torch.float32), ("llama", torch.bfloat16), ("qwen2", torch.float32),
-         ("gemma3", torch.float32)]
+CASES = [("llama", torch.float32, "latent"), ("llama", torch.bfloat16, "latent"),
+         ("qwen2", torch.float32, "latent"), ("gemma3", torch.float32, "latent"),
+         ("llama", torch.float32, "latent-shared"), ("qwen2", torch.bfloat16, "latent-shared"),
+         ("gemma3", torch.float32, "latent-shared")]
 
 
-def _name(kind, dtype):
-    return f"{kind}-{str(dtype).split('.')[-1]}"
+def _name(kind, dtype, form):
+    return f"{kind}-{str(dtype).split('.')[-1]}-{form}"
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, word_tokenizer):
     tmp = tmp_path_factory.mktemp("latent")
     runs, cases = {}, []
-    for kind, dtype in CASES:
-        model = _model(kind, dtype)
+    for case in CASES:
+        model = _model(*case[:2])
         compressed, report = compress_model(model, TEXTS, tokenizer=word_tokenizer(60),
-                                            budget=0.5, form="latent", max_length=16,
-                                            out=tmp / _name(kind, dtype))
-        runs[_name(kind, dtype)] = (model, compressed, report)
-        cases.append((_name(kind, dtype), str(tmp / _name(kind, dtype)),
-                      "AutoModelForCausalLM"))
+                                            budget=0.5, form=case[2], max_length=16,
+                                            out=tmp / _name(*case))
+        runs[_name(*case)] = (model, compressed, report)
+        cases.append((_name(*case), str(tmp / _name(*case)), "AutoModelForCausalLM"))
     return runs, _reload(cases, tmp)
 
 
-@pytest.mark.parametrize(("kind", "dtype"), CASES)
-def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype):
+@pytest.mark.parametrize(("kind", "dtype", "form"), CASES)
+def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype, form):
     runs, reloaded = written
-    model, compressed, report = runs[_name(kind, dtype)]
-    got = reloaded[_name(kind, dtype)]
+    model, compressed, report = runs[_name(kind, dtype, form)]
+    got = reloaded[_name(kind, dtype, form)]
     assert got["class"] == "Kept" + type(model).__name__
     assert got["dtypes"] == [str(dtype)]
-    assert report.form == "latent" and not report.fit_planes
+    assert report.form == form and not report.fit_planes
+    # a latent key head per key head, or one per layer reading both key heads
+    share = 2 if form == "latent-shared" else 1
+    assert all(len(entry["key"]) == 2 // share for entry in report.channels)
     widths = [sum(len(c) for c in entry["key"]) for entry in report.channels]
     assert report.key_cache_channels["compressed"] == sum(widths)
     assert 0 < sum(widths) < report.key_cache_channels["original"]
-    # the projections whole, and d_h numbers per latent channel of every query and key head
+    # the projections whole, and d_h numbers per latent channel of every query head and per
+    # key head a latent key channel reads
     d_h = layers_of(model)[1][0].head_dim
-    latent = sum(len(c) for entry in report.channels for c in entry["query"] + entry["key"])
-    assert report.qk_parameters["compressed"] == report.qk_parameters["original"] + d_h * latent
+    queries = sum(len(c) for entry in report.channels for c in entry["query"])
+    assert report.qk_parameters["compressed"] == report.qk_parameters["original"] + d_h * (
+        queries + share * sum(widths))
     original, state = model.state_dict(), got["state"]
     for key, value in original.items():  # every original weight, bit for bit
         assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
     assert sorted(set(state) - set(original)) == sorted(
         f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("key_map", "query_map"))
     key_map = np.asarray(state["model.layers.0.self_attn.key_map"])
-    assert key_map.shape == (widths[0], d_h)
+    assert key_map.shape == (widths[0], share * d_h)
     assert np.count_nonzero(key_map) > widths[0]  # not a selection of channels
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
@@ -81,11 +93,13 @@ def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype):
                                atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
-def test_latent_keys_of_every_channel_are_the_original(kind, word_tokenizer):
+def test_latent_keys_of_every_channel_are_the_original(kind, shared, word_tokenizer):
     model = _model(kind)
     layers = layers_of(model)[1]
-    widths = {layer.index: [layer.head_dim] * layer.n_kv_heads for layer in layers}
+    widths = {layer.index: [layer.n_kv_heads * layer.head_dim] if shared else
+              [layer.head_dim] * layer.n_kv_heads for layer in layers}
     maps = latent_maps(model, widths, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
     shrunk = shrunk_model(model, latent_channels(model, widths), latent=maps)
     ids = torch.tensor(PROMPT)
@@ -142,9 +156,12 @@ def test_latent_keys_are_refused_where_they_do_not_apply(word_tokenizer):
     model = _model("llama")
     with pytest.raises(ValueError, match="a width in 0..8"):
         latent_channels(model, {0: [4, 9], 1: [4, 4]})
-    with pytest.raises(ValueError, match="each of its 2 key heads"):
-        latent_channels(model, {0: [4], 1: [4, 4]})
+    with pytest.raises(ValueError, match="dividing its 2 key heads"):
+        latent_channels(model, {0: [4, 4, 4], 1: [4, 4]})
+    with pytest.raises(ValueError, match="a width in 0..16"):  # one latent reads both
+        latent_channels(model, {0: [17], 1: [4, 4]})
     assert latent_widths({0: [[0, 2], []]}) == {0: [4, 0]}
+    assert shared_widths({0: [[0, 2], [1]]}) == {0: [6]}
 
 
 def test_projection_of_heads_of_unequal_widths():
@@ -172,3 +189,48 @@ def test_projection_of_heads_of_unequal_widths():
     rows.grad = None
     kept.project(x, rows, "k").sum().backward()
     assert rows.grad is not None and rows.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_shared_latent_beats_a_latent_per_key_head_of_the_same_width(seed):
+    # a latent per key head is one candidate of the shared latent (its maps block-diagonal),
+    # so in the fitted metric, sum_h E (q_h^T (E_g - B_h^T A) k)^2 over all the layer's keys
+    # k, the shared maps are never worse; at the keys' whole width they are exact
+    from types import SimpleNamespace
+
+    from sklearn_ebound.heads._latent_keys import _layer_maps
+
+    rng = np.random.RandomState(seed)
+    layer = SimpleNamespace(head_dim=4, n_heads=4, n_kv_heads=2)
+    n, d_h, group = 300, 4, 2
+    q = rng.randn(4, n, d_h) @ rng.randn(4, d_h, d_h)
+    shared = rng.randn(n, 3)  # what the two key heads have in common
+    k = np.stack([shared @ rng.randn(3, d_h) + 0.3 * rng.randn(n, d_h) for _ in range(2)])
+    cq = torch.from_numpy(np.einsum("htc,hte->hce", q, q))
+    joint = k.transpose(1, 0, 2).reshape(1, n, 2 * d_h)
+    moments = {count: (torch.from_numpy(np.einsum("gtc,gte->gce", keys, keys)),
+                       torch.from_numpy(keys.sum(1)))
+               for count, keys in ((2, k), (1, joint))}
+    centred = joint[0] - joint[0].mean(0)
+    c_k = centred.T @ centred / n
+
+    def error(query_map, key_map, count):
+        total, width = 0.0, len(key_map) // count
+        for h in range(4):
+            g = h // group
+            b = query_map[h * width:(h + 1) * width]
+            product = np.zeros((d_h, 2 * d_h))  # B_h^T A, placed at the keys it reads
+            if count == 2:
+                product[:, g * d_h:(g + 1) * d_h] = b.T @ key_map[g * width:(g + 1) * width]
+            else:
+                product[:] = b.T @ key_map
+            m = np.eye(2 * d_h)[g * d_h:(g + 1) * d_h] - product
+            total += np.trace(m.T @ (q[h].T @ q[h] / n) @ m @ c_k)
+        return total
+
+    for width in (1, 2, 3):
+        per_head = _layer_maps(layer, [width, width], cq, *moments[2], n)
+        together = _layer_maps(layer, [2 * width], cq, *moments[1], n)
+        assert together[1].shape == (2 * width, 2 * d_h)
+        assert error(*together, 1) <= error(*per_head, 2) * (1 + 1e-9)
+    assert error(*_layer_maps(layer, [2 * d_h], cq, *moments[1], n), 1) < 1e-8

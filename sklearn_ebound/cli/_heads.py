@@ -42,7 +42,8 @@ query and key maps of the kept widths (whole rotary planes per key head for a ro
 a directory loaded with ``trust_remote_code=True``, and reports the query-key
 parameters and key cache it saves. ``--form latent`` (rotary heads) keeps as many key
 channels as the planes, but any subspace of the rotated keys (latent keys: the projections
-whole, a small map per head after the rotation). ``--form auto`` (the default) is
+whole, a small map per head after the rotation); ``--form latent-shared`` one latent per
+layer that reads every key head (multi-head latent attention). ``--form auto`` (the default) is
 ``shrunk`` for heads without rotary embeddings (the same model in smaller tensors) and for
 Gemma 3's normalised heads, ``query`` for other rotary heads (SmolLM2-135M at 50%:
 next-token KL 0.051 against 0.260 with whole planes; the report says it saves nothing).
@@ -161,9 +162,10 @@ def add_heads_parser(commands):
                           default="auto", metavar="RULE",
                           help="greedy, fisher or taylor (next-token loss), uniform; auto: "
                                "fisher for LMs (default: %(default)s)")
-    compress.add_argument("--form", choices=("auto", "query", "shrunk", "latent"),
+    compress.add_argument("--form", choices=("auto", "query", "shrunk", "latent",
+                                             "latent-shared"),
                           default="auto", metavar="FORM",
-                          help="query (original shapes), shrunk or latent; auto: "
+                          help="query (original shapes), shrunk, latent(-shared); auto: "
                                "shrunk unless rotary without QK-norm (default: %(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")
@@ -440,6 +442,7 @@ def _form_words(report):
         return ("Written in the original shapes (--form query): query-key parameters and the "
                 "key cache unchanged.")
     how = ("latent keys after the rotation" if report.form == "latent" else
+           "one latent per layer after the rotation" if report.form == "latent-shared" else
            "whole rotary planes per key head" if report.deficiency.rotary
            else "query and key maps of the planned widths")
     return (f"Written shrunk ({how}; load with trust_remote_code=True): query-key parameters "

@@ -15,6 +15,16 @@ moment and ``C_k = L_k L_k^T`` the key covariance (centred: a shift of every key
 same to every logit of a query, which the softmax ignores). Its minimum over rank ``r_g``
 (Eckart-Young on ``L_q^T L_k``) is ``A = V_r^T L_k^{-1}``, ``B = V_r^T L_k^T``, ``V_r`` the top
 ``r_g`` eigenvectors of ``L_k^T C_q L_k``; at ``r_g = d_h``, ``B^T A = I``: the original.
+
+Shared latent keys (multi-head latent attention): one latent of ``r`` channels per layer reads
+every rotated key head side by side, ``A R k`` with ``A`` of ``r x (n_kv d_h)``, and query
+head ``h`` of key head ``g`` meets it with ``B_h R q_h``. Its target is ``E_g``, the block of
+the keys that is ``g``'s, so the error is ``sum_h ||L_q,h^T (E_g - B_h^T A) L_k||_F^2`` with
+``C_k`` the covariance of all the layer's keys; its minimum takes ``V_r`` the top ``r``
+eigenvectors of ``L_k^T D_q L_k``, ``D_q`` block-diagonal with each key head's summed query
+moment, ``A = V_r^T L_k^{-1}`` and ``B_h`` key head ``g``'s block of ``V_r^T L_k^T``. The key
+heads share the latent's channels, so the layer's keys cost what their sum of widths costs
+per head but keep what the heads have in common once.
 """
 
 import numpy as np
@@ -22,7 +32,7 @@ import numpy as np
 from ._head_forms import HeadModel, augmented_weights, layers_of, rotate
 from ._inputs import attention_inputs, augmented_tokens, require
 
-__all__ = ["latent_channels", "latent_maps", "latent_widths"]
+__all__ = ["latent_channels", "latent_maps", "latent_widths", "shared_widths"]
 
 
 def latent_widths(planes):
@@ -31,26 +41,49 @@ def latent_widths(planes):
     return {layer: [2 * len(p) for p in heads] for layer, heads in planes.items()}
 
 
+def shared_widths(planes):
+    """``{layer: [r]}``: one latent per layer, as wide as the key channels of all its key
+    heads' ``planes`` together (shared latent keys, the same key cache)."""
+    return {layer: [2 * sum(len(p) for p in heads)] for layer, heads in planes.items()}
+
+
+def _latent_heads(layer, widths):
+    """``(latent key heads, key heads each reads)`` of ``layer`` for its ``widths``, checked:
+    every latent key head reads an equal share of the key heads side by side."""
+    count = len(widths)
+    if not count or layer.n_kv_heads % count:
+        raise ValueError(f"Layer {layer.index}: `widths` must give one width per latent key "
+                         f"head, their number dividing its {layer.n_kv_heads} key heads (one "
+                         f"per key head, or one shared by all). Got {widths!r}.")
+    share = layer.n_kv_heads // count
+    if any(not 0 <= int(r) <= share * layer.head_dim for r in widths):
+        raise ValueError(f"Layer {layer.index}: `widths` must give each of its {count} latent "
+                         f"key heads a width in 0..{share * layer.head_dim}. Got {widths!r}.")
+    return count, share
+
+
 def latent_channels(model, widths):
-    """The latent channels as :func:`~._shrink.kept_channels` lists channels: ``0 .. r_g - 1``
-    for key head ``g`` and each of its query heads."""
+    """The latent channels as :func:`~._shrink.kept_channels` lists channels: ``0 .. r - 1``
+    for each latent key head and each query head that reads it (a latent key head per key
+    head, or one per layer shared by all, :func:`shared_widths`)."""
     _, layers, _ = layers_of(model)
     out = []
     for layer in layers:
+        count, _ = _latent_heads(layer, widths[layer.index])
         key = [list(range(int(r))) for r in widths[layer.index]]
-        if len(key) != layer.n_kv_heads or any(not 0 <= len(k) <= layer.head_dim for k in key):
-            raise ValueError(f"Layer {layer.index}: `widths` must give each of its "
-                             f"{layer.n_kv_heads} key heads a width in 0..{layer.head_dim}. "
-                             f"Got {widths[layer.index]!r}.")
-        out.append({"layer": layer.index, "query": [key[g] for g in layer.kv_index],
+        group = layer.n_heads // count
+        out.append({"layer": layer.index, "query": [key[h // group]
+                                                    for h in range(layer.n_heads)],
                     "key": key})
     return out
 
 
-def _moments(model, layers, texts, tokenizer, max_length, batch_size):
+def _moments(model, layers, texts, tokenizer, max_length, batch_size, counts):
     """Per layer, summed over the real tokens of ``texts``: each query head's rotated query
-    second moment ``(n_heads, d_h, d_h)``, each key head's rotated key second moment and sum,
-    and the number of tokens, as :class:`HeadModel` computes the queries and keys."""
+    second moment ``(n_heads, d_h, d_h)``, each latent key head's second moment and sum of the
+    rotated keys it reads side by side (``counts[layer]`` latent key heads, each reading an
+    equal share of the key heads), and the number of tokens, as :class:`HeadModel` computes
+    the queries and keys."""
     torch = require("torch")
     sums = {}
     weights = {layer.index: augmented_weights(layer) for layer in layers}
@@ -62,6 +95,9 @@ def _moments(model, layers, texts, tokenizer, max_length, batch_size):
         group = layer.n_heads // layer.n_kv_heads
         q = torch.stack([rotate(m.queries(X), cos, sin) for m in models])
         k = torch.stack([rotate(m.keys(X), cos, sin) for m in models[::group]])
+        count = counts[layer.index]
+        # (latent key heads, tokens, the channels of the key heads each reads side by side)
+        k = k.reshape(count, -1, *k.shape[1:]).transpose(1, 2).reshape(count, len(X), -1)
         new = (torch.einsum("htc,hte->hce", q, q), torch.einsum("gtc,gte->gce", k, k),
                k.sum(1), len(X))
         old = sums.get(layer.index)
@@ -73,42 +109,64 @@ def _moments(model, layers, texts, tokenizer, max_length, batch_size):
 
 
 def _maps(cq, ck, width):
-    """``(A, B)`` of one key head (module docstring): ``cq`` its group's summed query second
-    moment, ``ck`` its key covariance, both ``(d_h, d_h)``."""
-    d_h = len(ck)
-    ridge = 1e-8 * max(np.trace(ck) / d_h, np.finfo(float).tiny)
-    lk = np.linalg.cholesky(ck + ridge * np.eye(d_h))
+    """``(A, B)`` of one latent key head (module docstring): ``cq`` the block-diagonal summed
+    query second moment ``D_q`` of the key heads it reads, ``ck`` their keys' covariance."""
+    size = len(ck)
+    ridge = 1e-8 * max(np.trace(ck) / size, np.finfo(float).tiny)
+    lk = np.linalg.cholesky(ck + ridge * np.eye(size))
     values, vectors = np.linalg.eigh(lk.T @ cq @ lk)
     top = vectors[:, np.argsort(-values, kind="stable")[:width]]
     return np.linalg.solve(lk.T, top).T, top.T @ lk.T  # V^T L_k^{-1}, V^T L_k^T
 
 
-def latent_maps(model, widths, texts, *, tokenizer, max_length=128, batch_size=8):
+def latent_maps(model, widths, texts, *, tokenizer, sensitivity=None, max_length=128,
+                batch_size=8):
     """The latent maps of every layer: ``{layer: (query_map, key_map)}``.
 
-    ``key_map`` ``(sum_g r_g, d_h)`` holds ``A_g`` of every key head in turn, ``query_map``
-    ``(sum_h r_g(h), d_h)`` ``B_h`` of every query head (module docstring), fitted on the
-    queries and keys the logits take on ``texts`` (calibration text; normalised with the gains
-    where the family normalises its heads, rotated by the layer's rotary tables). ``widths``:
-    ``{layer: [r_g per key head]}`` (:func:`latent_widths`).
+    ``key_map`` ``(sum_s r_s, c d_h)`` holds ``A_s`` of every latent key head in turn (each
+    reading ``c`` key heads side by side: ``c = 1`` for a latent per key head, every key head
+    of the layer for shared latent keys), ``query_map`` ``(sum_h r_s(h), d_h)`` ``B_h`` of every
+    query head (module docstring), fitted on the queries and keys the logits take on ``texts``
+    (calibration text; normalised with the gains where the family normalises its heads,
+    rotated by the layer's rotary tables). ``widths``: ``{layer: [r_s per latent key head]}``
+    (:func:`latent_widths`, :func:`shared_widths`). ``sensitivity``
+    (:func:`~._sensitivity.head_sensitivity`): each query head's moment weighted by its
+    Fisher weight, so that the heads the next-token loss depends on most are fitted best.
     """
     family, layers, _ = layers_of(model)
     if not family.rotary:
         raise ValueError("Latent keys are a form of rotary heads; a head without rotary "
                          "embeddings keeps query and key maps of width r (form='shrunk').")
     latent_channels(model, widths)  # checks the widths
-    sums = _moments(model, layers, texts, tokenizer, max_length, batch_size)
+    counts = {layer.index: len(widths[layer.index]) for layer in layers}
+    sums = _moments(model, layers, texts, tokenizer, max_length, batch_size, counts)
+    weights = {} if sensitivity is None else {
+        (int(r["layer"]), int(r["head"])): float(r["weight"]) for r in sensitivity.rows}
     out = {}
     for layer in layers:
-        cq, ck, k_sum, n = sums[layer.index]
-        cq, ck, k_sum = cq.numpy(), ck.numpy(), k_sum.numpy()
-        group = layer.n_heads // layer.n_kv_heads
-        query_rows, key_rows = [], []
-        for g, width in enumerate(widths[layer.index]):
-            mean = k_sum[g] / n
-            a, b = _maps(cq[g * group:(g + 1) * group].sum(0) / n,
-                         ck[g] / n - np.outer(mean, mean), int(width))
-            key_rows.append(a)
-            query_rows.extend([b] * group)
-        out[layer.index] = (np.concatenate(query_rows), np.concatenate(key_rows))
+        cq, *rest = sums[layer.index]
+        scale = [weights.get((layer.index, h), 1.0) for h in range(layer.n_heads)]
+        cq = cq * cq.new_tensor(scale)[:, None, None]
+        out[layer.index] = _layer_maps(layer, widths[layer.index], cq, *rest)
     return out
+
+
+def _layer_maps(layer, widths, cq, ck, k_sum, n):
+    """``(query_map, key_map)`` of one layer from its summed moments (:func:`_moments`)."""
+    cq, ck, k_sum = cq.numpy() / n, ck.numpy() / n, k_sum.numpy() / n
+    d_h, group = layer.head_dim, layer.n_heads // layer.n_kv_heads
+    per = layer.n_kv_heads // len(widths)  # key heads each latent key head reads
+    query_rows, key_rows = [None] * layer.n_heads, []
+    for s, width in enumerate(widths):
+        heads = range(s * per, (s + 1) * per)
+        # D_q: each key head's summed query moment on its block
+        blocks = np.zeros_like(ck[s])
+        for j, g in enumerate(heads):
+            blocks[j * d_h:(j + 1) * d_h, j * d_h:(j + 1) * d_h] = cq[
+                g * group:(g + 1) * group].sum(0)
+        a, b = _maps(blocks, ck[s] - np.outer(k_sum[s], k_sum[s]), int(width))
+        key_rows.append(a)
+        for j, g in enumerate(heads):
+            for h in range(g * group, (g + 1) * group):
+                query_rows[h] = b[:, j * d_h:(j + 1) * d_h]
+    return np.concatenate(query_rows), np.concatenate(key_rows)

@@ -378,7 +378,8 @@ def qk_sizes(model, channels=None, *, latent=False):
     token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
     them). A family that normalises its heads keeps its projections whole and adds ``q_turn``
     (two numbers per kept query channel); latent keys (``latent=True``,
-    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent channel.
+    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent query channel
+    and per key head a latent key channel reads.
     """
     _, layers, _ = layers_of(model)
     d_model = layers[0].w_q.shape[1]
@@ -392,9 +393,12 @@ def qk_sizes(model, channels=None, *, latent=False):
                 "key_cache_channels": {"original": cache, "compressed": cache}}
     width_q = sum(len(c) for entry in channels for c in entry["query"])
     width_k = sum(len(c) for entry in channels for c in entry["key"])
-    if latent:
+    if latent:  # a latent key channel reads its share of the key heads side by side
+        n_kv = {layer.index: layer.n_kv_heads for layer in layers}
+        key_maps = sum(len(c) * n_kv[entry["layer"]] // len(entry["key"])
+                       for entry in channels for c in entry["key"])
         return {"qk_parameters": {"original": original, "compressed": original
-                                  + layers[0].head_dim * (width_q + width_k)},
+                                  + layers[0].head_dim * (width_q + key_maps)},
                 "key_cache_channels": {"original": cache, "compressed": width_k}}
     if layers[0].normalised:
         return {"qk_parameters": {"original": original, "compressed": original + 2 * width_q},
@@ -557,7 +561,13 @@ def _built(model, family, layers, channels, maps, cls, latent=None):
         config._attn_implementation = "sdpa"
     dtype = next(model.parameters()).dtype
     state = _shrunk_state(model, family, layers, channels, maps, latent)
-    shrunk = cls(config).to(dtype)
+    torch = require("torch")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built as from_pretrained builds it: the rotary tables'
+    try:  # frequencies stay float32 in a bf16 model, as a user's load of the directory has
+        shrunk = cls(config)
+    finally:
+        torch.set_default_dtype(default)
     missing, unexpected = shrunk.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k in dict(shrunk.named_parameters())]:
         raise RuntimeError(f"The shrunk model does not take the compressed weights: missing "

@@ -33,7 +33,10 @@ key head ``g`` take a map ``A_g`` (``r_g x d_h``, the rows of the layer's ``key_
 of its query heads ``h`` a map ``B_h`` (``r_g x d_h``, rows of ``query_map``): head ``h``'s logit
 is ``(B_h R q_h) . (A_g R k_g) * scaling``, a rank-``r_g`` form of ``q_h . k_g`` taken after the
 rotation, so that the cache holds ``A_g R k_g``, ``r_g`` channels per key head. ``qk_channels``
-then lists ``0 .. r_g - 1`` for every head: the latent channels.
+then lists ``0 .. r_g - 1`` for every head: the latent channels. Where it lists fewer key
+heads than the layer has, each latent key head reads an equal share of the rotated key heads
+side by side (``A_s`` of ``r_s x (share d_h)``; one for the whole layer: shared latent keys, as
+multi-head latent attention), and query head ``h`` reads the latent key head of its share.
 """
 
 import torch
@@ -206,8 +209,9 @@ class KeptChannels(nn.Module):
         weights = nn.functional.softmax(logits, dim=-1, dtype=torch.float32).to(value.dtype)
         if dropout > 0:
             weights = nn.functional.dropout(weights, p=dropout)
-        # each key head's values once, for its group's rows (group heads x n queries)
-        out = torch.matmul(weights.reshape(b, n_kv, self.group * n, m), value)
+        # each value head's values once, for its group's rows (group heads x n queries;
+        # the value heads are the key heads' unless a shared latent reads several)
+        out = torch.matmul(weights.reshape(b, value.shape[1], -1, m), value)
         out = out.view(b, heads, n, -1).transpose(1, 2)
         return out.reshape(b, n, -1), weights
 
@@ -221,9 +225,11 @@ class KeptChannels(nn.Module):
     def _fused(self, query, keys, value, mask, causal, scaling, dropout):
         """The attention of several queries by one ``scaled_dot_product_attention`` call,
         every kept query and key zero-padded to the values' width ``d_h`` (the logits
-        unchanged), so torch's fused kernel takes it."""
+        unchanged; the values too where a shared latent is wider), so torch's fused kernel
+        takes it."""
         b, n, _ = query.shape
-        d_h = value.shape[-1]
+        d_v = value.shape[-1]
+        d_h = max(d_v, *self.k_width)
         q, k, q_start, k_start = [], [], 0, 0
         for width in self.k_width:  # each key head and its group of queries
             q_group = query[..., q_start:q_start + self.group * width]
@@ -233,11 +239,15 @@ class KeptChannels(nn.Module):
             q_start, k_start = q_start + self.group * width, k_start + width
         q = torch.cat(q, dim=2).transpose(1, 2)
         k = torch.stack(k, dim=1)
+        if d_h > d_v:
+            value = nn.functional.pad(value, (0, d_h - d_v))
         if self.group > 1:
-            k, value = (x.repeat_interleave(self.group, dim=1) for x in (k, value))
+            k = k.repeat_interleave(self.group, dim=1)
+        if q.shape[1] > value.shape[1]:
+            value = value.repeat_interleave(q.shape[1] // value.shape[1], dim=1)
         out = nn.functional.scaled_dot_product_attention(
             q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
-        return out.transpose(1, 2).reshape(b, n, -1)
+        return out[..., :d_v].transpose(1, 2).reshape(b, n, -1)
 
 
 def _masking(n, keys, value, attention_mask, is_causal):
@@ -393,8 +403,9 @@ def _rotated(x, cos, sin):
 
 def latent_attention(stock):
     """A rotary attention class (LLaMA-style, or Gemma 3's with its per-head ``q_norm`` and
-    ``k_norm``) with latent keys: the stock projections, norms and rotation, then each key
-    head's ``key_map`` rows and each query head's ``query_map`` rows, so that only the latent
+    ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
+    key head's ``key_map`` rows (on its share of the key heads) and each query head's
+    ``query_map`` rows, so that only the latent
     channels enter the logits and the cache. A ``softcap`` passed through the keywords caps
     the logits as the stock eager attention does."""
 
@@ -403,10 +414,15 @@ def latent_attention(stock):
             super().__init__(config, layer_idx)
             query, key = _kept(config, layer_idx)
             self.kept = KeptChannels(query, key, self.head_dim, rotary=False)
+            n_kv = self.k_proj.out_features // self.head_dim
+            if n_kv % len(key):
+                raise ValueError(f"{len(key)} latent key heads do not share {n_kv} key heads.")
+            self.latent_heads = len(key)  # each reads n_kv / latent_heads key heads
             dtype = self.q_proj.weight.dtype
             # the identity on the first channels until the fitted maps are loaded
             self.query_map = nn.Parameter(_first_channels(query, self.head_dim).to(dtype))
-            self.key_map = nn.Parameter(_first_channels(key, self.head_dim).to(dtype))
+            self.key_map = nn.Parameter(_first_channels(
+                key, n_kv // len(key) * self.head_dim).to(dtype))
 
         def forward(self, hidden_states, position_embeddings=None, attention_mask=None,
                     cache=None, past_key_values=None, **kwargs):
@@ -414,17 +430,22 @@ def latent_attention(stock):
             query, key, value = _whole_heads(self, hidden_states)
             cos, sin = position_embeddings
             query = self.kept.project(_rotated(query, cos, sin), self.query_map, "q")
-            key = self.kept.project(_rotated(key, cos, sin), self.key_map, "k")[:, None]
+            key = _rotated(key, cos, sin)
+            key = key.reshape(*key.shape[:2], self.latent_heads, -1)  # a share side by side
+            key = self.kept.project(key, self.key_map, "k")[:, None]
             return _attended(self, query, key, value, attention_mask, cache, kwargs)
 
     return LatentKeyAttention
 
 
-def _first_channels(heads, head_dim):
-    """Rows picking channel ``c`` of each head for its kept entries ``c``."""
-    rows = torch.zeros(sum(len(c) for c in heads), head_dim)
-    channels = [c for kept in heads for c in kept]
-    rows[torch.arange(len(channels)), torch.tensor(channels, dtype=torch.long)] = 1.0
+def _first_channels(heads, width):
+    """Rows picking channel ``c`` of each head (``width`` channels) for its kept entries
+    ``c`` (zero where ``c`` is past the head's channels: a shared latent may be wider)."""
+    rows = torch.zeros(sum(len(c) for c in heads), width)
+    entries = [(i, c) for i, c in enumerate(c for kept in heads for c in kept) if c < width]
+    if entries:
+        row, column = zip(*entries, strict=True)
+        rows[torch.tensor(row, dtype=torch.long), torch.tensor(column, dtype=torch.long)] = 1.0
     return rows
 
 
