@@ -82,7 +82,8 @@ def main(argv=None):
                 folder = Path(tmp) / f"shrunk-{allocation}-{budget:g}"
                 compressed, report = compress_model(
                     model, texts, tokenizer=tokenizer, budget=budget, allocation=allocation,
-                    max_length=args.max_length, checkpoint=checkpoint, out=folder)
+                    max_length=args.max_length, checkpoint=checkpoint, form="shrunk",
+                    out=folder)
                 seconds = time.perf_counter() - start
                 del compressed
                 shrunk = transformers.AutoModelForCausalLM.from_pretrained(

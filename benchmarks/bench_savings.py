@@ -368,7 +368,7 @@ def main(argv=None):
             try:
                 _, result = compress_model(
                     model, texts, tokenizer=tokenizer, budget=budget, max_length=64,
-                    checkpoint=checkpoint, out=Path(tmp) / f"package-{budget:g}")
+                    checkpoint=checkpoint, form="shrunk", out=Path(tmp) / f"package-{budget:g}")
             except ValueError as error:  # no shrunk form for this family
                 report["refused"].append(f"compress_model(form='shrunk'): {error}")
                 break
@@ -377,10 +377,10 @@ def main(argv=None):
             # as many key channels, after the rotation: per key head, and one per layer
             others = {LATENT: dict(form="latent"), SHARED: dict(form="latent-shared")}
             if not args.no_distill:  # the same planes, their kept channels distilled
-                others[DISTILLED] = dict(refine="distill")
+                others[DISTILLED] = dict(form="shrunk", refine="distill")
             for method, options in others.items():
                 start = time.perf_counter()
-                target = Path(tmp) / f"{options.get('form', 'distilled')}-{budget:g}"
+                target = Path(tmp) / f"{options['form']}-{options.get('refine', '')}-{budget:g}"
                 try:
                     compress_model(model, texts, tokenizer=tokenizer, budget=budget,
                                    max_length=64, checkpoint=checkpoint, out=target, **options)

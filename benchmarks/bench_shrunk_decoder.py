@@ -82,7 +82,7 @@ def main(argv=None):
             start = time.perf_counter()
             _, report = compress_model(model, texts, tokenizer=tokenizer, budget=budget,
                                        max_length=64, checkpoint=checkpoint,
-                                       fit_planes=not args.no_fit_planes,
+                                       fit_planes=not args.no_fit_planes, form="shrunk",
                                        out=Path(tmp) / f"shrunk-{budget:g}")
             seconds = time.perf_counter() - start
             shrunk = transformers.AutoModelForCausalLM.from_pretrained(

@@ -571,7 +571,7 @@ def test_savings_scores_are_the_packages(load):
 def test_savings_quick(load, tmp_path):
     # One run measures the original, the shrunk form and both peers at each budget: every
     # ratio positive, the key cache and the query-key parameters smaller (but for the latent
-    # keys, which keep the projections whole and add their maps), the values kept, the peers
+    # keys, per key head or shared, which keep the projections whole and add their maps), the values kept, the peers
     # at the package's key cache.
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
@@ -592,7 +592,7 @@ def test_savings_quick(load, tmp_path):
                     "perplexity_ratio"):
             assert np.isfinite(row[key]) and row[key] > 0, (row["method"], key)
         assert row["key_cache_bytes"] < base["key_cache_bytes"]
-        if row["method"] == bench.LATENT:
+        if row["method"] in (bench.LATENT, bench.SHARED):
             assert row["qk_parameters"] > base["qk_parameters"]
         else:
             assert row["qk_parameters"] < base["qk_parameters"]

@@ -221,14 +221,17 @@ def test_cli_on_a_gguf_file(tiny_gguf, tmp_path, capsys):
     assert payload["fidelity"]["measure"] == "perplexity and next-token KL"
     assert payload["fidelity"]["mean_kl"] >= 0
     assert np.isfinite(payload["fidelity"]["compressed"])
-    compressed = transformers.AutoModelForCausalLM.from_pretrained(target, local_files_only=True)
-    assert type(compressed).__name__ == "LlamaForCausalLM"
+    # --form auto on rotary heads: shared latent keys, the stock class with its own attention
+    compressed = transformers.AutoModelForCausalLM.from_pretrained(
+        target, local_files_only=True, trust_remote_code=True)
+    assert type(compressed).__name__ == "KeptLlamaForCausalLM"
+    assert payload["form"] == "latent-shared"
     saved = json.loads((target / "config.json").read_text())
-    assert saved["architectures"] == ["LlamaForCausalLM"]
+    assert saved["architectures"] == ["KeptLlamaForCausalLM"] and saved["qk_latent"]
     assert "quantization_config" not in saved  # a plain dense model
     state = compressed.state_dict()
-    for name, value in written.items():  # only the query and key maps change
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
-            continue
+    for name, value in written.items():  # every weight of the file kept, the maps added
         np.testing.assert_array_equal(state[name].numpy(), value, err_msg=name)
+    assert {name.rsplit(".", 1)[-1] for name in set(state) - set(written)} == {
+        "query_map", "key_map"}
     assert (target / "tokenizer.json").is_file()

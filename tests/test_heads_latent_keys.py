@@ -194,43 +194,52 @@ def test_projection_of_heads_of_unequal_widths():
 @pytest.mark.parametrize("seed", range(5))
 def test_shared_latent_beats_a_latent_per_key_head_of_the_same_width(seed):
     # a latent per key head is one candidate of the shared latent (its maps block-diagonal),
-    # so in the fitted metric, sum_h E (q_h^T (E_g - B_h^T A) k)^2 over all the layer's keys
-    # k, the shared maps are never worse; at the keys' whole width they are exact
+    # so in the fitted metric, sum_h E (q_h^T (E_g - B_h^T A) k)^2 / tr(C_q,h C_k,g) over all
+    # the layer's keys k, the shared maps are never worse; at the keys' whole width they are
+    # exact; and pooling the widths over the latent key heads never loses either
     from types import SimpleNamespace
 
-    from sklearn_ebound.heads._latent_keys import _layer_maps
+    from sklearn_ebound.heads._latent_keys import _layer_maps, _pooled, _problems, _whitened
 
     rng = np.random.RandomState(seed)
-    layer = SimpleNamespace(head_dim=4, n_heads=4, n_kv_heads=2)
+    layer = SimpleNamespace(index=0, head_dim=4, n_heads=4, n_kv_heads=2)
     n, d_h, group = 300, 4, 2
     q = rng.randn(4, n, d_h) @ rng.randn(4, d_h, d_h)
     shared = rng.randn(n, 3)  # what the two key heads have in common
     k = np.stack([shared @ rng.randn(3, d_h) + 0.3 * rng.randn(n, d_h) for _ in range(2)])
     cq = torch.from_numpy(np.einsum("htc,hte->hce", q, q))
     joint = k.transpose(1, 0, 2).reshape(1, n, 2 * d_h)
-    moments = {count: (torch.from_numpy(np.einsum("gtc,gte->gce", keys, keys)),
-                       torch.from_numpy(keys.sum(1)))
-               for count, keys in ((2, k), (1, joint))}
+    solved = {count: [_whitened(*p) for p in _problems(
+        layer, count, cq, torch.from_numpy(np.einsum("gtc,gte->gce", keys, keys)),
+        torch.from_numpy(keys.sum(1)), n, {})] for count, keys in ((2, k), (1, joint))}
     centred = joint[0] - joint[0].mean(0)
     c_k = centred.T @ centred / n
 
-    def error(query_map, key_map, count):
-        total, width = 0.0, len(key_map) // count
+    def error(query_map, key_map, widths):
+        total, start = 0.0, np.cumsum([0, *widths])
+        latent = [h // (4 // len(widths)) for h in range(4)]  # each query head's latent
+        q_start = np.cumsum([0, *(widths[s] for s in latent)])
         for h in range(4):
-            g = h // group
-            b = query_map[h * width:(h + 1) * width]
+            g, s = h // group, latent[h]
+            b = query_map[q_start[h]:q_start[h + 1]]
             product = np.zeros((d_h, 2 * d_h))  # B_h^T A, placed at the keys it reads
-            if count == 2:
-                product[:, g * d_h:(g + 1) * d_h] = b.T @ key_map[g * width:(g + 1) * width]
+            rows = key_map[start[s]:start[s + 1]]
+            if len(widths) == 2:
+                product[:, g * d_h:(g + 1) * d_h] = b.T @ rows
             else:
-                product[:] = b.T @ key_map
+                product[:] = b.T @ rows
             m = np.eye(2 * d_h)[g * d_h:(g + 1) * d_h] - product
-            total += np.trace(m.T @ (q[h].T @ q[h] / n) @ m @ c_k)
+            c_q = q[h].T @ q[h] / n
+            block = c_k[g * d_h:(g + 1) * d_h, g * d_h:(g + 1) * d_h]
+            total += np.trace(m.T @ c_q @ m @ c_k) / np.trace(c_q @ block)
         return total
 
     for width in (1, 2, 3):
-        per_head = _layer_maps(layer, [width, width], cq, *moments[2], n)
-        together = _layer_maps(layer, [2 * width], cq, *moments[1], n)
+        per_head = error(*_layer_maps(layer, [width, width], solved[2]), [width, width])
+        together = _layer_maps(layer, [2 * width], solved[1])
         assert together[1].shape == (2 * width, 2 * d_h)
-        assert error(*together, 1) <= error(*per_head, 2) * (1 + 1e-9)
-    assert error(*_layer_maps(layer, [2 * d_h], cq, *moments[1], n), 1) < 1e-8
+        assert error(*together, [2 * width]) <= per_head * (1 + 1e-9)
+        pooled = _pooled([layer], {0: [width, width]}, {0: solved[2]})[0]
+        assert sum(pooled) == 2 * width
+        assert error(*_layer_maps(layer, pooled, solved[2]), pooled) <= per_head * (1 + 1e-9)
+    assert error(*_layer_maps(layer, [2 * d_h], solved[1]), [2 * d_h]) < 1e-8

@@ -84,7 +84,8 @@ def _compress(kind, dtype, tmp, word_tokenizer, budget=0.5):
     model = _model(kind, dtype)
     options = dict(train_steps=0, refine="none", refit="none") if kind == "bert" else {}
     compressed, report = compress_model(model, TEXTS, tokenizer=word_tokenizer(60),
-                                        budget=budget, out=tmp, max_length=16, **options)
+                                        budget=budget, out=tmp, max_length=16, form="shrunk",
+                                        **options)
     return model, compressed, report
 
 
@@ -315,7 +316,7 @@ def test_compress_model_distils_the_rotary_shrunk_form(tmp_path, word_tokenizer)
     texts = [s for s in docstring_sentences(["json", "textwrap", "argparse"])
              if len(s.split()) >= 5][:40]
     runs = {refine: compress_model(model, texts, tokenizer=tok, budget=0.5, max_length=16,
-                                   refine=refine, out=tmp_path / refine)
+                                   refine=refine, form="shrunk", out=tmp_path / refine)
             for refine in ("none", "distill")}
     (plain, plain_report), (distilled, report) = runs.values()
     assert report.channels == plain_report.channels

@@ -25,6 +25,13 @@ eigenvectors of ``L_k^T D_q L_k``, ``D_q`` block-diagonal with each key head's s
 moment, ``A = V_r^T L_k^{-1}`` and ``B_h`` key head ``g``'s block of ``V_r^T L_k^T``. The key
 heads share the latent's channels, so the layer's keys cost what their sum of widths costs
 per head but keep what the heads have in common once.
+
+Each query head's error is taken relative to its logits' energy ``tr(C_q,h C_k,g)`` and priced
+by its Fisher weight when the plan was priced by one (as the planes are priced): ``C_q,h``
+enters ``D_q`` as ``w_h C_q,h / tr(C_q,h C_k,g)``. The eigenvalues of ``L_k^T D_q L_k`` are then
+what each latent channel takes off the priced error, in one unit for every latent key head of
+the model, so with ``pool=True`` the widths' total is shared among them by those eigenvalues
+(the largest first): the key cache is the plan's, its channels where they buy the most.
 """
 
 import numpy as np
@@ -32,7 +39,8 @@ import numpy as np
 from ._head_forms import HeadModel, augmented_weights, layers_of, rotate
 from ._inputs import attention_inputs, augmented_tokens, require
 
-__all__ = ["latent_channels", "latent_maps", "latent_widths", "shared_widths"]
+__all__ = ["fit_latent_keys", "latent_channels", "latent_maps", "latent_widths",
+           "shared_widths"]
 
 
 def latent_widths(planes):
@@ -108,30 +116,62 @@ def _moments(model, layers, texts, tokenizer, max_length, batch_size, counts):
     return sums
 
 
-def _maps(cq, ck, width):
-    """``(A, B)`` of one latent key head (module docstring): ``cq`` the block-diagonal summed
-    query second moment ``D_q`` of the key heads it reads, ``ck`` their keys' covariance."""
+def _whitened(cq, ck):
+    """``(L_k, eigenvalues, eigenvectors)`` of ``L_k^T D_q L_k``, the largest first:
+    ``cq`` the (weighted, block-diagonal) query moment ``D_q``, ``ck`` the keys' covariance."""
     size = len(ck)
     ridge = 1e-8 * max(np.trace(ck) / size, np.finfo(float).tiny)
     lk = np.linalg.cholesky(ck + ridge * np.eye(size))
     values, vectors = np.linalg.eigh(lk.T @ cq @ lk)
-    top = vectors[:, np.argsort(-values, kind="stable")[:width]]
+    order = np.argsort(-values, kind="stable")
+    return lk, values[order], vectors[:, order]
+
+
+def _maps(cq, ck, width):
+    """``(A, B)`` of one latent key head (module docstring): ``cq`` the block-diagonal query
+    moment ``D_q`` of the key heads it reads, ``ck`` their keys' covariance."""
+    return _top_maps(_whitened(cq, ck), width)
+
+
+def _top_maps(whitened, width):
+    lk, _, vectors = whitened
+    top = vectors[:, :width]
     return np.linalg.solve(lk.T, top).T, top.T @ lk.T  # V^T L_k^{-1}, V^T L_k^T
 
 
-def latent_maps(model, widths, texts, *, tokenizer, sensitivity=None, max_length=128,
-                batch_size=8):
-    """The latent maps of every layer: ``{layer: (query_map, key_map)}``.
+def fit_latent_keys(model, widths, texts, *, tokenizer, sensitivity=None, pool=False,
+                    max_length=128, batch_size=8):
+    """The latent keys of every layer, fitted: ``(widths, {layer: (query_map, key_map)})``.
 
     ``key_map`` ``(sum_s r_s, c d_h)`` holds ``A_s`` of every latent key head in turn (each
     reading ``c`` key heads side by side: ``c = 1`` for a latent per key head, every key head
     of the layer for shared latent keys), ``query_map`` ``(sum_h r_s(h), d_h)`` ``B_h`` of every
     query head (module docstring), fitted on the queries and keys the logits take on ``texts``
     (calibration text; normalised with the gains where the family normalises its heads,
-    rotated by the layer's rotary tables). ``widths``: ``{layer: [r_s per latent key head]}``
-    (:func:`latent_widths`, :func:`shared_widths`). ``sensitivity``
-    (:func:`~._sensitivity.head_sensitivity`): each query head's moment weighted by its
-    Fisher weight, so that the heads the next-token loss depends on most are fitted best.
+    rotated by the layer's rotary tables).
+
+    Parameters
+    ----------
+    model : transformers model with rotary heads
+    widths : dict
+        ``{layer: [r_s per latent key head]}`` (:func:`latent_widths`, :func:`shared_widths`).
+    texts : list of str
+        Calibration text.
+    tokenizer : transformers tokenizer
+    sensitivity : HeadSensitivityResult, default=None
+        :func:`~._sensitivity.head_sensitivity`: each query head's error priced by its Fisher
+        weight (1 for every head without it).
+    pool : bool, default=False
+        Share the widths' total among all latent key heads by what each channel takes off
+        the priced error (module docstring); ``False`` keeps ``widths``.
+    max_length, batch_size : int
+        Tokens per text at most; texts per forward pass.
+
+    Returns
+    -------
+    widths : dict
+        The widths fitted (``widths`` itself unless pooled).
+    maps : dict
     """
     family, layers, _ = layers_of(model)
     if not family.rotary:
@@ -142,31 +182,68 @@ def latent_maps(model, widths, texts, *, tokenizer, sensitivity=None, max_length
     sums = _moments(model, layers, texts, tokenizer, max_length, batch_size, counts)
     weights = {} if sensitivity is None else {
         (int(r["layer"]), int(r["head"])): float(r["weight"]) for r in sensitivity.rows}
-    out = {}
-    for layer in layers:
-        cq, *rest = sums[layer.index]
-        scale = [weights.get((layer.index, h), 1.0) for h in range(layer.n_heads)]
-        cq = cq * cq.new_tensor(scale)[:, None, None]
-        out[layer.index] = _layer_maps(layer, widths[layer.index], cq, *rest)
+    solved = {layer.index: [_whitened(cq, ck) for cq, ck in _problems(
+        layer, counts[layer.index], *sums[layer.index], weights)] for layer in layers}
+    if pool:
+        widths = _pooled(layers, widths, solved)
+    return widths, {layer.index: _layer_maps(layer, widths[layer.index], solved[layer.index])
+                    for layer in layers}
+
+
+def latent_maps(model, widths, texts, *, tokenizer, sensitivity=None, max_length=128,
+                batch_size=8):
+    """The latent maps of every layer at ``widths``, ``{layer: (query_map, key_map)}``
+    (:func:`fit_latent_keys` without pooling)."""
+    return fit_latent_keys(model, widths, texts, tokenizer=tokenizer, sensitivity=sensitivity,
+                           max_length=max_length, batch_size=batch_size)[1]
+
+
+def _problems(layer, count, cq, ck, k_sum, n, weights):
+    """Per latent key head of ``layer``, ``(D_q, C_k)``: the block-diagonal query moment,
+    each query head's ``w_h C_q,h / tr(C_q,h C_k,g)`` summed on its key head's block, and the
+    covariance of the keys it reads (module docstring), from the summed moments of
+    :func:`_moments`."""
+    cq, ck, k_sum = cq.numpy() / n, ck.numpy() / n, k_sum.numpy() / n
+    d_h, group = layer.head_dim, layer.n_heads // layer.n_kv_heads
+    per = layer.n_kv_heads // count  # key heads each latent key head reads
+    out = []
+    for s in range(count):
+        covariance = ck[s] - np.outer(k_sum[s], k_sum[s])
+        blocks = np.zeros_like(covariance)
+        for j in range(per):
+            part = slice(j * d_h, (j + 1) * d_h)
+            g = s * per + j
+            for h in range(g * group, (g + 1) * group):
+                energy = np.sum(cq[h] * covariance[part, part])  # tr(C_q,h C_k,g)
+                blocks[part, part] += (weights.get((layer.index, h), 1.0)
+                                       / max(energy, np.finfo(float).tiny) * cq[h])
+        out.append((blocks, covariance))
     return out
 
 
-def _layer_maps(layer, widths, cq, ck, k_sum, n):
-    """``(query_map, key_map)`` of one layer from its summed moments (:func:`_moments`)."""
-    cq, ck, k_sum = cq.numpy() / n, ck.numpy() / n, k_sum.numpy() / n
+def _pooled(layers, widths, solved):
+    """The widths' total shared among all latent key heads by their eigenvalues, the largest
+    first, each at most the channels it reads."""
+    gains = [(value, layer.index, s) for layer in layers
+             for s, (_, values, _) in enumerate(solved[layer.index]) for value in values]
+    total = sum(int(r) for layer in layers for r in widths[layer.index])
+    pooled = {layer.index: [0] * len(widths[layer.index]) for layer in layers}
+    for _, index, s in sorted(gains, key=lambda g: -g[0])[:total]:
+        pooled[index][s] += 1
+    return pooled
+
+
+def _layer_maps(layer, widths, solved):
+    """``(query_map, key_map)`` of one layer: each latent key head's top ``r_s`` maps
+    (:func:`_whitened`), ``B_h`` the block of its key head."""
     d_h, group = layer.head_dim, layer.n_heads // layer.n_kv_heads
-    per = layer.n_kv_heads // len(widths)  # key heads each latent key head reads
+    per = layer.n_kv_heads // len(widths)
     query_rows, key_rows = [None] * layer.n_heads, []
     for s, width in enumerate(widths):
-        heads = range(s * per, (s + 1) * per)
-        # D_q: each key head's summed query moment on its block
-        blocks = np.zeros_like(ck[s])
-        for j, g in enumerate(heads):
-            blocks[j * d_h:(j + 1) * d_h, j * d_h:(j + 1) * d_h] = cq[
-                g * group:(g + 1) * group].sum(0)
-        a, b = _maps(blocks, ck[s] - np.outer(k_sum[s], k_sum[s]), int(width))
+        a, b = _top_maps(solved[s], int(width))
         key_rows.append(a)
-        for j, g in enumerate(heads):
+        for j in range(per):
+            g = s * per + j
             for h in range(g * group, (g + 1) * group):
                 query_rows[h] = b[:, j * d_h:(j + 1) * d_h]
     return np.concatenate(query_rows), np.concatenate(key_rows)

@@ -29,7 +29,7 @@ from ._compression import (
 )
 from ._deficiency import head_deficiency
 from ._head_forms import check_texts, model_source
-from ._latent_keys import latent_channels, latent_maps, latent_widths, shared_widths
+from ._latent_keys import fit_latent_keys, latent_channels, latent_widths, shared_widths
 from ._planning import plan_ranks
 from ._refit import refit_heads
 from ._sensitivity import head_sensitivity
@@ -120,7 +120,7 @@ def _stage(progress, label):
 
 
 def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, allocation="auto",
-                   train_steps="auto", refine="auto", refit="auto", form="shrunk",
+                   train_steps="auto", refine="auto", refit="auto", form="auto",
                    fit_planes=True, calibration=0.5, max_length=128, random_state=0,
                    checkpoint=None, out=None, progress=None, on_layer=None):
     """Compress a model's query-key maps under a budget and measure what it keeps.
@@ -166,28 +166,28 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         ``"all"``: once measured, the plan's heads are fitted again (and refined) on every
         line, and that model is returned and written; ``"auto"``: ``"all"`` for an encoder,
         ``"none"`` for a causal language model.
-    form : {"shrunk", "latent", "latent-shared", "query", "auto"}, default="shrunk"
+    form : {"shrunk", "latent", "latent-shared", "query", "auto"}, default="auto"
         ``"shrunk"``: forms whose written tensors are smaller. A head without rotary
         embeddings keeps query and key maps of width ``r`` (the plan's rank-``r`` factors);
         a rotary head keeps whole rotary planes per key head, shared by its query group
         (:func:`~._shrink.plane_plan`), of its normalised queries and keys where the family
         normalises them (Gemma 3: the projections and norms stay whole, the kept channels are
         taken after the norm); ``out`` then holds a model of the kept widths.
-        ``"latent"`` (rotary heads only): the same key channels per key head as the planes,
-        but any subspace of the rotated keys (:mod:`~._latent_keys`): the projections (and
-        norms) stay whole, each key head caches ``A_g R k`` and its query heads meet it with
-        ``B_h R q``, maps fitted on the calibration half (more of the model kept at the same
-        key cache, for ``d_h`` numbers per latent channel). ``"latent-shared"``: the same
-        key channels per layer, but one latent shared by all its heads (multi-head latent
-        attention: ``A`` reads every rotated key head side by side, so what the key heads
-        have in common is cached once; SmolLM2-135M at 50%: next-token KL 0.066 against
-        0.104 per key head), each query head's logits a product of the width of the whole
-        latent.
+        ``"latent"`` (rotary heads only): as many key channels as the planes, but any
+        subspace of the rotated keys (:mod:`~._latent_keys`): the projections (and norms)
+        stay whole, each key head caches ``A_g R k`` and its query heads meet it with ``B_h R
+        q``, maps fitted on the calibration half (more of the model kept at the same key
+        cache, for ``d_h`` numbers per latent channel). ``"latent-shared"``: one latent per
+        layer shared by all its heads (multi-head latent attention: ``A`` reads every rotated
+        key head side by side, so what the key heads have in common is cached once), the
+        planes' key cache shared among the layers by the fitted, Fisher-priced error, each
+        query head's logits a product of the whole latent's width.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache). ``"auto"``:
         ``"shrunk"`` for heads without rotary embeddings (the same model in smaller tensors)
-        and for heads normalised before their rotation, ``"query"`` for other rotary heads
-        (it keeps more of the model; the report says it saves nothing).
+        and for heads normalised before their rotation, ``"latent-shared"`` for other rotary
+        heads (it keeps more of the model than ``"query"`` at half the key cache on
+        SmolLM2-135M), ``"query"`` for a family without a shrunk form.
     fit_planes : bool, default=True
         With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
         the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
@@ -386,17 +386,20 @@ def _refined(job, compressed, plan, lines, channels=None):
 
 def _resolve_form(form, model):
     """``form="auto"``: ``"shrunk"`` where it is the same model in smaller tensors (heads
-    without rotary embeddings) or the only form (heads normalised before their rotation),
-    ``"query"`` for other rotary heads, whose query-side form keeps more of the model
-    (SmolLM2-135M at 50%: next-token KL 0.051 against 0.260 with whole planes) but saves
-    nothing in the key cache."""
+    without rotary embeddings) or the form measured fastest (heads normalised before their
+    rotation, Gemma 3: decode 0.98-1.02x against the latent keys' 0.96-0.98x), and
+    ``"latent-shared"`` for other rotary heads, where it keeps more of the model than the
+    query-side form at half its key cache (SmolLM2-135M at 50%: next-token KL 0.038 against
+    0.051, and 0.260 with whole planes); ``"query"`` for a family without a shrunk form."""
     if form != "auto":
         return form
     try:
         rotary = check_shrinkable(model)
     except ValueError:  # a family without a shrunk form
         return "query"
-    return "shrunk" if not rotary or check_shrinkable(model, normalised=True) else "query"
+    if not rotary or check_shrinkable(model, normalised=True):
+        return "shrunk"
+    return "latent-shared"
 
 
 def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
@@ -412,9 +415,14 @@ def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotar
         planes = plane_plan(model, plan, calibration_texts, tokenizer=tokenizer,
                             sensitivity=sensitivity, max_length=job.max_length)
         if form in LATENT_FORMS:  # as many key channels as the planes, after the rotation
-            widths = (latent_widths if form == "latent" else shared_widths)(planes)
-            fitted = latent_maps(model, widths, calibration_texts, tokenizer=tokenizer,
-                                 sensitivity=sensitivity, max_length=job.max_length)
+            # the planes' key cache; a shared latent's pooled among the layers by the fitted
+            # error (pooled among the key heads, the latent per key head lost at 30% on
+            # SmolLM2-135M: perplexity 1.162x against 1.134x)
+            shared = form == "latent-shared"
+            widths, fitted = fit_latent_keys(
+                model, (shared_widths if shared else latent_widths)(planes),
+                calibration_texts, tokenizer=tokenizer, sensitivity=sensitivity, pool=shared,
+                max_length=job.max_length)
             channels = latent_channels(model, widths)
             return shrunk_model(model, channels, latent=fitted), channels, fitted
         channels = kept_channels(model, planes=planes)
