@@ -571,8 +571,8 @@ def test_savings_scores_are_the_packages(load):
 def test_savings_quick(load, tmp_path):
     # One run measures the original, the shrunk form and both peers at each budget: every
     # ratio positive, the key cache and the query-key parameters smaller (but for the latent
-    # keys, per key head or shared, which keep the projections whole and add their maps), the values kept, the peers
-    # at the package's key cache.
+    # keys, per key head or shared, which keep the projections whole and add their maps), the
+    # values kept, the peers at the package's key cache.
     pytest.importorskip("transformers")
     pytest.importorskip("matplotlib")
     bench = load("bench_savings")
