@@ -130,13 +130,14 @@ class KeptChannels(nn.Module):
         (padded to the widest head's), then the kept entries."""
         b, n, heads, _ = x.shape
         padded, index = self._padded(rows, name)
-        out = torch.einsum("bnhd,hrd->bnhr", x, padded)
-        return out.reshape(b, n, -1)[..., index]
+        out = torch.einsum("bnhd,hrd->bnhr", x, padded).reshape(b, n, -1)
+        return out if index is None else out[..., index]
 
     def _padded(self, rows, name):
         """``rows`` as ``(heads, widest, d_h)`` (zero rows padding the narrower heads) and the
-        kept entries' places in the flattened ``(heads, widest)``; kept while ``rows`` is
-        unchanged and takes no gradient."""
+        kept entries' places in the flattened ``(heads, widest)`` (``None`` where every head
+        is as wide: they are in place); kept while ``rows`` is unchanged and takes no
+        gradient."""
         key = ("padded", name, rows.device, rows.dtype)
         version = (rows.data_ptr(), rows._version)
         keep = not (rows.requires_grad and torch.is_grad_enabled())
@@ -152,6 +153,8 @@ class KeptChannels(nn.Module):
                              dtype=torch.long, device=rows.device)
         padded = rows.new_zeros(heads * widest, rows.shape[1])
         padded = padded.index_copy(0, place, rows).view(heads, widest, rows.shape[1])
+        if len(place) == heads * widest:  # every head as wide: the entries are in place
+            place = None
         if keep:  # a map being trained is read afresh, its gradient with it
             self._tables[key] = (version, padded, place)
         return padded, place
@@ -198,8 +201,11 @@ class KeptChannels(nn.Module):
         # every head's kept query at its key head's channels of a zero (heads, k_size)
         # block: one product with all the cached keys gives every logit (the zeros add
         # nothing; a key head of width 0 gives every logit 0)
-        block = query.new_zeros(b, n, heads * k_size)
-        block[..., self._block_index(query)] = query * scaling
+        if len(self._block) == heads * k_size:  # one key head read whole by every head
+            block = query * scaling
+        else:
+            block = query.new_zeros(b, n, heads * k_size)
+            block[..., self._block_index(query)] = query * scaling
         logits = torch.bmm(block.view(b, n * heads, k_size), keys.transpose(1, 2))
         logits = logits.view(b, n, heads, m).transpose(1, 2)
         if softcap is not None:
