@@ -125,14 +125,14 @@ def _error(cq, ck, a, b):
 def test_fitted_maps_beat_every_selection_of_planes(seed):
     # Eckart-Young in the fitted metric: no choice of whole planes (the planes' own best
     # query map) comes below the latent maps of the same width
-    from sklearn_ebound.heads._latent_keys import _maps
+    from sklearn_ebound.heads._latent_keys import _top_maps, _whitened
 
     rng = np.random.RandomState(seed)
     d_h, width = 8, 4
     x, y = rng.randn(200, d_h) * rng.gamma(1, size=d_h), rng.randn(200, d_h) @ rng.randn(d_h,
                                                                                         d_h)
     cq, ck = x.T @ x / 200, y.T @ y / 200
-    a, b = _maps(cq, ck, width)
+    a, b = _top_maps(_whitened(cq, ck), width)
     assert a.shape == b.shape == (width, d_h)
     best = _error(cq, ck, a, b)
     half = d_h // 2
@@ -141,7 +141,7 @@ def test_fitted_maps_beat_every_selection_of_planes(seed):
             rows = np.eye(d_h)[[first, second, first + half, second + half]]
             b_planes = (ck @ rows.T @ np.linalg.inv(rows @ ck @ rows.T)).T
             assert best <= _error(cq, ck, rows, b_planes) + 1e-9
-    a, b = _maps(cq, ck, d_h)  # every channel: the identity
+    a, b = _top_maps(_whitened(cq, ck), d_h)  # every channel: the identity
     np.testing.assert_allclose(b.T @ a, np.eye(d_h), atol=1e-8)
 
 

@@ -127,13 +127,9 @@ def _whitened(cq, ck):
     return lk, values[order], vectors[:, order]
 
 
-def _maps(cq, ck, width):
-    """``(A, B)`` of one latent key head (module docstring): ``cq`` the block-diagonal query
-    moment ``D_q`` of the key heads it reads, ``ck`` their keys' covariance."""
-    return _top_maps(_whitened(cq, ck), width)
-
-
 def _top_maps(whitened, width):
+    """``(A, B)`` of one latent key head (module docstring) at ``width``, from
+    :func:`_whitened`."""
     lk, _, vectors = whitened
     top = vectors[:, :width]
     return np.linalg.solve(lk.T, top).T, top.T @ lk.T  # V^T L_k^{-1}, V^T L_k^T

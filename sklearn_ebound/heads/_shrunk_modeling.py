@@ -411,9 +411,9 @@ def latent_attention(stock):
     """A rotary attention class (LLaMA-style, or Gemma 3's with its per-head ``q_norm`` and
     ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
     key head's ``key_map`` rows (on its share of the key heads) and each query head's
-    ``query_map`` rows, so that only the latent
-    channels enter the logits and the cache. A ``softcap`` passed through the keywords caps
-    the logits as the stock eager attention does."""
+    ``query_map`` rows, so that only the latent channels enter the logits and the cache. A
+    ``softcap`` passed through the keywords caps the logits as the stock eager attention
+    does."""
 
     class LatentKeyAttention(stock):
         def __init__(self, config, layer_idx):

@@ -221,9 +221,9 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         The compressed model in the original's class and shapes (the query and key columns
         it drops are zero), the one written to ``out``; for a family that normalises its
         heads before the rotation (Gemma 3), whose stock class cannot drop a channel after
-        the norm, and for latent keys (``form="latent"``, ``"latent-shared"``), which no stock class
-        holds, the
-        model of the kept channels that ``out`` holds (:func:`~._shrink.shrunk_model`).
+        the norm, and for latent keys (``form="latent"``, ``"latent-shared"``), which no
+        stock class holds, the model of the kept channels that ``out`` holds
+        (:func:`~._shrink.shrunk_model`).
     report : CompressionReport
     """
     budget = _check_options(budget, eps, allocation, train_steps, refine, refit, calibration,
