@@ -64,12 +64,11 @@ def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype, form):
     widths = [sum(len(c) for c in entry["key"]) for entry in report.channels]
     assert report.key_cache_channels["compressed"] == sum(widths)
     assert 0 < sum(widths) < report.key_cache_channels["original"]
-    # the projections whole, and d_h numbers per latent channel of every query head and per
-    # key head a latent key channel reads
+    # the projections whole, and d_h numbers per latent channel of every key head's query
+    # map (one for its query heads) and per key head a latent key channel reads
     d_h = layers_of(model)[1][0].head_dim
-    queries = sum(len(c) for entry in report.channels for c in entry["query"])
     assert report.qk_parameters["compressed"] == report.qk_parameters["original"] + d_h * (
-        queries + share * sum(widths))
+        2 * share * sum(widths))
     original, state = model.state_dict(), got["state"]
     for key, value in original.items():  # every original weight, bit for bit
         assert np.array_equal(np.asarray(state[key]), value.float().numpy()), key
@@ -77,6 +76,8 @@ def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype, form):
         f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("key_map", "query_map"))
     key_map = np.asarray(state["model.layers.0.self_attn.key_map"])
     assert key_map.shape == (widths[0], share * d_h)
+    assert np.asarray(state["model.layers.0.self_attn.query_map"]).shape == (share * widths[0],
+                                                                            d_h)
     assert np.count_nonzero(key_map) > widths[0]  # not a selection of channels
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
@@ -217,11 +218,13 @@ def test_shared_latent_beats_a_latent_per_key_head_of_the_same_width(seed):
 
     def error(query_map, key_map, widths):
         total, start = 0.0, np.cumsum([0, *widths])
-        latent = [h // (4 // len(widths)) for h in range(4)]  # each query head's latent
+        latent = [g // (2 // len(widths)) for g in range(2)]  # each key head's latent
         q_start = np.cumsum([0, *(widths[s] for s in latent)])
+        assert len(query_map) == q_start[-1]  # one map per key head, shared by its queries
         for h in range(4):
-            g, s = h // group, latent[h]
-            b = query_map[q_start[h]:q_start[h + 1]]
+            g = h // group
+            s = latent[g]
+            b = query_map[q_start[g]:q_start[g + 1]]
             product = np.zeros((d_h, 2 * d_h))  # B_h^T A, placed at the keys it reads
             rows = key_map[start[s]:start[s + 1]]
             if len(widths) == 2:

@@ -4,8 +4,8 @@ Whole rotary planes (:func:`~._shrink.plane_plan`) are the subspaces that commut
 rotation, so they fold into the projections; but a plane is all or nothing, and the channels a
 key head needs rarely come in its planes. Taken *after* the rotation, any subspace will do:
 key head ``g`` caches ``A_g R_j k_j`` (``r_g`` numbers per token, ``A_g`` of ``r_g x d_h``) and
-each of its query heads ``h`` meets it with ``B_h R_i q_i``, so its logit is ``q_i^T R_i^T
-B_h^T A_g R_j k_j``, a rank-``r_g`` form of ``q_i^T R_i^T R_j k_j``. The projections (and a
+its query heads meet it with ``B_g R_i q_i``, so their logit is ``q_i^T R_i^T B_g^T A_g R_j
+k_j``, a rank-``r_g`` form of ``q_i^T R_i^T R_j k_j``. The projections (and a
 family's norms) stay whole; only the two small maps are added.
 
 Which maps: on calibration text, for the rotated queries ``q`` of the group and the rotated
@@ -17,12 +17,13 @@ same to every logit of a query, which the softmax ignores). Its minimum over ran
 ``r_g`` eigenvectors of ``L_k^T C_q L_k``; at ``r_g = d_h``, ``B^T A = I``: the original.
 
 Shared latent keys (multi-head latent attention): one latent of ``r`` channels per layer reads
-every rotated key head side by side, ``A R k`` with ``A`` of ``r x (n_kv d_h)``, and query
-head ``h`` of key head ``g`` meets it with ``B_h R q_h``. Its target is ``E_g``, the block of
-the keys that is ``g``'s, so the error is ``sum_h ||L_q,h^T (E_g - B_h^T A) L_k||_F^2`` with
+every rotated key head side by side, ``A R k`` with ``A`` of ``r x (n_kv d_h)``, and a query
+head of key head ``g`` meets it with ``B_g R q``. Its target is ``E_g``, the block of the keys
+that is ``g``'s, so the error is ``sum_g ||L_q,g^T (E_g - B_g^T A) L_k||_F^2`` with
 ``C_k`` the covariance of all the layer's keys; its minimum takes ``V_r`` the top ``r``
 eigenvectors of ``L_k^T D_q L_k``, ``D_q`` block-diagonal with each key head's summed query
-moment, ``A = V_r^T L_k^{-1}`` and ``B_h`` key head ``g``'s block of ``V_r^T L_k^T``. The key
+moment, ``A = V_r^T L_k^{-1}`` and ``B_g`` key head ``g``'s block of ``V_r^T L_k^T``. (A key
+head's query heads share one map in either form: the error sums their moments.) The key
 heads share the latent's channels, so the layer's keys cost what their sum of widths costs
 per head but keep what the heads have in common once.
 
@@ -141,10 +142,10 @@ def fit_latent_keys(model, widths, texts, *, tokenizer, sensitivity=None, pool=F
 
     ``key_map`` ``(sum_s r_s, c d_h)`` holds ``A_s`` of every latent key head in turn (each
     reading ``c`` key heads side by side: ``c = 1`` for a latent per key head, every key head
-    of the layer for shared latent keys), ``query_map`` ``(sum_h r_s(h), d_h)`` ``B_h`` of every
-    query head (module docstring), fitted on the queries and keys the logits take on ``texts``
-    (calibration text; normalised with the gains where the family normalises its heads,
-    rotated by the layer's rotary tables).
+    of the layer for shared latent keys), ``query_map`` ``(sum_g r_s(g), d_h)`` ``B_g`` of every
+    key head, shared by its query heads (module docstring), fitted on the queries and keys
+    the logits take on ``texts`` (calibration text; normalised with the gains where the
+    family normalises its heads, rotated by the layer's rotary tables).
 
     Parameters
     ----------
@@ -231,15 +232,11 @@ def _pooled(layers, widths, solved):
 
 def _layer_maps(layer, widths, solved):
     """``(query_map, key_map)`` of one layer: each latent key head's top ``r_s`` maps
-    (:func:`_whitened`), ``B_h`` the block of its key head."""
-    d_h, group = layer.head_dim, layer.n_heads // layer.n_kv_heads
-    per = layer.n_kv_heads // len(widths)
-    query_rows, key_rows = [None] * layer.n_heads, []
+    (:func:`_whitened`), ``B_g`` the block of each key head it reads."""
+    d_h, per = layer.head_dim, layer.n_kv_heads // len(widths)
+    query_rows, key_rows = [], []
     for s, width in enumerate(widths):
         a, b = _top_maps(solved[s], int(width))
         key_rows.append(a)
-        for j in range(per):
-            g = s * per + j
-            for h in range(g * group, (g + 1) * group):
-                query_rows[h] = b[:, j * d_h:(j + 1) * d_h]
+        query_rows.extend(b[:, j * d_h:(j + 1) * d_h] for j in range(per))
     return np.concatenate(query_rows), np.concatenate(key_rows)

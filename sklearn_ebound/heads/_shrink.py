@@ -378,8 +378,9 @@ def qk_sizes(model, channels=None, *, latent=False):
     token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
     them). A family that normalises its heads keeps its projections whole and adds ``q_turn``
     (two numbers per kept query channel); latent keys (``latent=True``,
-    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent query channel
-    and per key head a latent key channel reads.
+    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent channel of each
+    key head's query map (shared by its query heads) and per key head a latent key channel
+    reads.
     """
     _, layers, _ = layers_of(model)
     d_model = layers[0].w_q.shape[1]
@@ -397,8 +398,10 @@ def qk_sizes(model, channels=None, *, latent=False):
         n_kv = {layer.index: layer.n_kv_heads for layer in layers}
         key_maps = sum(len(c) * n_kv[entry["layer"]] // len(entry["key"])
                        for entry in channels for c in entry["key"])
+        query_maps = sum(sum(len(c) for c in entry["query"]) * n_kv[entry["layer"]]
+                         // len(entry["query"]) for entry in channels)
         return {"qk_parameters": {"original": original, "compressed": original
-                                  + layers[0].head_dim * (width_q + key_maps)},
+                                  + layers[0].head_dim * (query_maps + key_maps)},
                 "key_cache_channels": {"original": cache, "compressed": width_k}}
     if layers[0].normalised:
         return {"qk_parameters": {"original": original, "compressed": original + 2 * width_q},

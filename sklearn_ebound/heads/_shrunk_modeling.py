@@ -29,14 +29,15 @@ weight of the stock model can hold it.
 
 A rotary model may instead keep *latent keys* (``config.qk_latent``): its projections (and
 norms) stay whole, every head is rotated as the stock model rotates it, and only then does each
-key head ``g`` take a map ``A_g`` (``r_g x d_h``, the rows of the layer's ``key_map``) and each
-of its query heads ``h`` a map ``B_h`` (``r_g x d_h``, rows of ``query_map``): head ``h``'s logit
-is ``(B_h R q_h) . (A_g R k_g) * scaling``, a rank-``r_g`` form of ``q_h . k_g`` taken after the
+key head ``g`` take a map ``A_g`` (``r_g x d_h``, the rows of the layer's ``key_map``) and its
+query heads one map ``B_g`` (``r_g x d_h``, the rows of ``query_map``): head ``h``'s logit is
+``(B_g R q_h) . (A_g R k_g) * scaling``, a rank-``r_g`` form of ``q_h . k_g`` taken after the
 rotation, so that the cache holds ``A_g R k_g``, ``r_g`` channels per key head. ``qk_channels``
 then lists ``0 .. r_g - 1`` for every head: the latent channels. Where it lists fewer key
 heads than the layer has, each latent key head reads an equal share of the rotated key heads
 side by side (``A_s`` of ``r_s x (share d_h)``; one for the whole layer: shared latent keys, as
-multi-head latent attention), and query head ``h`` reads the latent key head of its share.
+multi-head latent attention), query head ``h`` reads the latent key head of its share, and
+``B_g`` (``r_s x d_h``) is what key head ``g``'s queries meet it with.
 """
 
 import torch
@@ -123,22 +124,28 @@ class KeptChannels(nn.Module):
         (``(b, n, heads * d_h)``)."""
         return x[..., self._table(name, x)[3]]
 
-    def project(self, x, rows, name):
+    def project(self, x, rows, name, group=1):
         """``x`` (``(b, n, heads, d_h)``, every head's whole channels) mapped by ``rows``
-        (``(kept entries, d_h)``): kept entry ``i`` of head ``h`` is ``rows[i] . x_h``.
-        Returns ``(b, n, kept entries)``: one batched product of each head with its rows
-        (padded to the widest head's), then the kept entries."""
-        b, n, heads, _ = x.shape
-        padded, index = self._padded(rows, name)
-        out = torch.einsum("bnhd,hrd->bnhr", x, padded).reshape(b, n, -1)
+        (``(entries, d_h)``), one block of rows for every ``group`` heads in turn (the same
+        map for each head of the group): kept entry ``i`` of head ``h`` is ``rows[j_i] .
+        x_h`` with ``j_i`` row ``i`` of the block of ``h // group``. Returns ``(b, n, kept
+        entries)``: one batched product of each block with its heads' channels (the blocks
+        padded to the widest), then the kept entries."""
+        b, n, heads, d_h = x.shape
+        padded, index = self._padded(rows, name, group)
+        blocks = heads // group
+        # (blocks, b n group, d_h) @ (blocks, d_h, widest): one bmm (an einsum's bookkeeping
+        # costs more than the product at a decoding step)
+        x = x.reshape(b * n, blocks, group, d_h).transpose(0, 1).reshape(blocks, -1, d_h)
+        out = torch.bmm(x, padded).view(blocks, b * n, -1).transpose(0, 1).reshape(b, n, -1)
         return out if index is None else out[..., index]
 
-    def _padded(self, rows, name):
-        """``rows`` as ``(heads, widest, d_h)`` (zero rows padding the narrower heads) and the
-        kept entries' places in the flattened ``(heads, widest)`` (``None`` where every head
-        is as wide: they are in place); kept while ``rows`` is unchanged and takes no
-        gradient."""
-        key = ("padded", name, rows.device, rows.dtype)
+    def _padded(self, rows, name, group):
+        """``rows`` as ``(blocks, d_h, widest)`` (a block per ``group`` heads, zero columns
+        padding the narrower) and the kept entries' places in the flattened ``(heads,
+        widest)`` (``None`` where every head is as wide: they are in place); kept while
+        ``rows`` is unchanged and takes no gradient."""
+        key = ("padded", name, group, rows.device, rows.dtype)
         version = (rows.data_ptr(), rows._version)
         keep = not (rows.requires_grad and torch.is_grad_enabled())
         cached = self._tables.get(key)
@@ -147,14 +154,17 @@ class KeptChannels(nn.Module):
         head, heads = self._head[name], self._heads[name]
         width = [head.count(h) for h in range(heads)]
         widest = max(width, default=0)
-        start = [sum(width[:h]) for h in range(heads)]
-        rank = [i - start[h] for i, h in enumerate(head)]
-        place = torch.tensor([h * widest + r for h, r in zip(head, rank, strict=True)],
-                             dtype=torch.long, device=rows.device)
-        padded = rows.new_zeros(heads * widest, rows.shape[1])
-        padded = padded.index_copy(0, place, rows).view(heads, widest, rows.shape[1])
-        if len(place) == heads * widest:  # every head as wide: the entries are in place
-            place = None
+        rows_at = torch.tensor([j * widest + i for j in range(heads // group)
+                                for i in range(width[j * group])],
+                               dtype=torch.long, device=rows.device)
+        padded = rows.new_zeros(heads // group * widest, rows.shape[1]).index_copy(0, rows_at,
+                                                                                  rows)
+        padded = padded.view(heads // group, widest, rows.shape[1]).transpose(1, 2).contiguous()
+        place = None  # every head as wide: the entries are in place
+        if len(head) < heads * widest:
+            start = [sum(width[:h]) for h in range(heads)]
+            place = torch.tensor([h * widest + i - start[h] for i, h in enumerate(head)],
+                                 dtype=torch.long, device=rows.device)
         if keep:  # a map being trained is read afresh, its gradient with it
             self._tables[key] = (version, padded, place)
         return padded, place
@@ -399,21 +409,28 @@ def _whole_heads(module, hidden_states):
     return query, key, module.v_proj(hidden_states).view(shape).transpose(1, 2)
 
 
-def _rotated(x, cos, sin):
+def _rotation_tables(cos, sin):
+    """The stock rotary tables ``(b, n, d_h)`` as :func:`_rotated` takes them: ``cos`` and
+    ``sin`` signed for the rolled channels (``rotate_half(x) = roll(x, d_h / 2)`` with the
+    first half negated), each ``(b, n, 1, d_h)`` to broadcast over the heads."""
+    half = cos.shape[-1] // 2
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), -1)
+    return cos.unsqueeze(-2), signed.unsqueeze(-2)
+
+
+def _rotated(x, cos, signed):
     """``x cos + rotate_half(x) sin`` on every head of ``x`` (``(b, n, heads, d_h)``), the
-    stock rotation with the rotary tables ``(b, n, d_h)``."""
-    half = x.shape[-1] // 2
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+    stock rotation, with the tables of :func:`_rotation_tables`."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed
 
 
 def latent_attention(stock):
     """A rotary attention class (LLaMA-style, or Gemma 3's with its per-head ``q_norm`` and
     ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
-    key head's ``key_map`` rows (on its share of the key heads) and each query head's
-    ``query_map`` rows, so that only the latent channels enter the logits and the cache. A
-    ``softcap`` passed through the keywords caps the logits as the stock eager attention
-    does."""
+    key head's ``key_map`` rows (on its share of the key heads) and each key head's
+    ``query_map`` rows on its query heads, so that only the latent channels enter the logits
+    and the cache. A ``softcap`` passed through the keywords caps the logits as the stock
+    eager attention does."""
 
     class LatentKeyAttention(stock):
         def __init__(self, config, layer_idx):
@@ -424,9 +441,11 @@ def latent_attention(stock):
             if n_kv % len(key):
                 raise ValueError(f"{len(key)} latent key heads do not share {n_kv} key heads.")
             self.latent_heads = len(key)  # each reads n_kv / latent_heads key heads
+            self.group = len(query) // n_kv  # the query heads of a key head share its map
             dtype = self.q_proj.weight.dtype
             # the identity on the first channels until the fitted maps are loaded
-            self.query_map = nn.Parameter(_first_channels(query, self.head_dim).to(dtype))
+            self.query_map = nn.Parameter(_first_channels(query[::self.group],
+                                                          self.head_dim).to(dtype))
             self.key_map = nn.Parameter(_first_channels(
                 key, n_kv // len(key) * self.head_dim).to(dtype))
 
@@ -434,9 +453,10 @@ def latent_attention(stock):
                     cache=None, past_key_values=None, **kwargs):
             cache = past_key_values if cache is None else cache
             query, key, value = _whole_heads(self, hidden_states)
-            cos, sin = position_embeddings
-            query = self.kept.project(_rotated(query, cos, sin), self.query_map, "q")
-            key = _rotated(key, cos, sin)
+            cos, signed = _rotation_tables(*position_embeddings)
+            query = self.kept.project(_rotated(query, cos, signed), self.query_map, "q",
+                                      self.group)
+            key = _rotated(key, cos, signed)
             key = key.reshape(*key.shape[:2], self.latent_heads, -1)  # a share side by side
             key = self.kept.project(key, self.key_map, "k")[:, None]
             return _attended(self, query, key, value, attention_mask, cache, kwargs)
