@@ -192,6 +192,37 @@ def test_projection_of_heads_of_unequal_widths():
     assert rows.grad is not None and rows.grad.abs().sum() > 0
 
 
+def test_query_heads_of_a_group_share_their_key_head_map():
+    # one block of rows per key head, read by each of its query heads (widths 3, 0, 2)
+    from sklearn_ebound.heads._shrunk_modeling import KeptChannels
+
+    widths, group = [3, 0, 2], 2
+    query = [list(range(w)) for w in widths for _ in range(group)]
+    kept = KeptChannels(query, [list(range(w)) for w in widths], 4, rotary=False)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 6, 4, generator=generator)
+    rows = torch.randn(5, 4, generator=generator)
+    block = [[0, 1, 2], [], [3, 4]]
+    expected = torch.stack([x[..., h, :] @ rows[i] for h in range(6)
+                            for i in block[h // group]], -1)
+    torch.testing.assert_close(kept.project(x, rows, "q", group), expected)
+
+
+@pytest.mark.parametrize(("kind", "kv_heads", "form"), [
+    ("bert", 4, "shrunk"), ("gpt2", 4, "shrunk"), ("llama", 2, "latent-shared"),
+    ("gemma3", 2, "latent-shared"), ("llama", 1, "latent")])
+def test_auto_form_follows_what_the_heads_compute(kind, kv_heads, form):
+    from sklearn_ebound.heads._workflow import _resolve_form
+
+    model = _model(kind)
+    if kv_heads == 1:  # the tiny LLaMA with one key head per layer
+        config = model.config
+        config.num_key_value_heads = 1
+        model = transformers.LlamaForCausalLM(config)
+    assert _resolve_form("auto", model) == form
+    assert _resolve_form("query", model) == "query"
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_shared_latent_beats_a_latent_per_key_head_of_the_same_width(seed):
     # a latent per key head is one candidate of the shared latent (its maps block-diagonal),

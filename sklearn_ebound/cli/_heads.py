@@ -44,10 +44,10 @@ parameters and key cache it saves. ``--form latent`` (rotary heads) keeps as man
 channels as the planes, but any subspace of the rotated keys (latent keys: the projections
 whole, a small map per head after the rotation); ``--form latent-shared`` one latent per
 layer that reads every key head (multi-head latent attention). ``--form auto`` (the default) is
-``shrunk`` for heads without rotary embeddings (the same model in smaller tensors) and for
-Gemma 3's normalised heads, ``latent-shared`` for other rotary heads (SmolLM2-135M at 50%:
+``shrunk`` for heads without rotary embeddings (the same model in smaller tensors),
+``latent-shared`` for rotary heads with several key heads a layer (SmolLM2-135M at 50%:
 next-token KL 0.038 at half the key cache, against 0.051 with ``--form query``, which saves
-nothing, and 0.260 with whole planes).
+nothing, and 0.260 with whole planes) and ``latent`` for one (Gemma 3 270M).
 
 The deficiency analysis keeps each finished layer under ``--out`` (``deficiency_layers/``,
 ``trained_layers/`` for ``--train-steps``): an interrupted run, rerun with the same
@@ -167,7 +167,7 @@ def add_heads_parser(commands):
                                              "latent-shared"),
                           default="auto", metavar="FORM",
                           help="query (original shapes), shrunk, latent(-shared); auto: "
-                               "latent-shared if rotary without QK-norm (default: "
+                               "latent(-shared) if rotary, else shrunk (default: "
                                "%(default)s)")
     compress.add_argument("--calibration", type=float, default=0.5, metavar="F",
                           help="fraction of the text used to calibrate (default: %(default)s)")

@@ -28,7 +28,7 @@ from ._compression import (
     refine_compressed,
 )
 from ._deficiency import head_deficiency
-from ._head_forms import check_texts, model_source
+from ._head_forms import check_texts, layers_of, model_source
 from ._latent_keys import fit_latent_keys, latent_channels, latent_widths, shared_widths
 from ._planning import plan_ranks
 from ._refit import refit_heads
@@ -175,19 +175,19 @@ def compress_model(model, texts, *, tokenizer=None, budget=None, eps=None, alloc
         taken after the norm); ``out`` then holds a model of the kept widths.
         ``"latent"`` (rotary heads only): as many key channels as the planes, but any
         subspace of the rotated keys (:mod:`~._latent_keys`): the projections (and norms)
-        stay whole, each key head caches ``A_g R k`` and its query heads meet it with ``B_h R
+        stay whole, each key head caches ``A_g R k`` and its query heads meet it with ``B_g R
         q``, maps fitted on the calibration half (more of the model kept at the same key
-        cache, for ``d_h`` numbers per latent channel). ``"latent-shared"``: one latent per
+        cache, for ``2 d_h`` numbers per latent channel). ``"latent-shared"``: one latent per
         layer shared by all its heads (multi-head latent attention: ``A`` reads every rotated
         key head side by side, so what the key heads have in common is cached once), the
         planes' key cache shared among the layers by the fitted, Fisher-priced error, each
         query head's logits a product of the whole latent's width.
         ``"query"``: the forms of :func:`compress_heads` in the original shapes (a rotary
         head's rank-``r`` map on its query; nothing shrinks in the key cache). ``"auto"``:
-        ``"shrunk"`` for heads without rotary embeddings (the same model in smaller tensors)
-        and for heads normalised before their rotation, ``"latent-shared"`` for other rotary
-        heads (it keeps more of the model than ``"query"`` at half the key cache on
-        SmolLM2-135M), ``"query"`` for a family without a shrunk form.
+        ``"shrunk"`` for heads without rotary embeddings (the same model in smaller tensors),
+        ``"latent-shared"`` for rotary heads with several key heads a layer (it keeps more of
+        the model than ``"query"`` at half the key cache on SmolLM2-135M), ``"latent"`` for
+        one (Gemma 3 270M), ``"query"`` for a family without a shrunk form.
     fit_planes : bool, default=True
         With ``form="shrunk"`` on a rotary model: each kept plane of every query head takes
         the scaled rotation ``a I + b J`` (it commutes with the plane's rotations, so it folds
@@ -386,20 +386,23 @@ def _refined(job, compressed, plan, lines, channels=None):
 
 def _resolve_form(form, model):
     """``form="auto"``: ``"shrunk"`` where it is the same model in smaller tensors (heads
-    without rotary embeddings) or the form measured fastest (heads normalised before their
-    rotation, Gemma 3: decode 0.98-1.02x against the latent keys' 0.96-0.98x), and
-    ``"latent-shared"`` for other rotary heads, where it keeps more of the model than the
-    query-side form at half its key cache (SmolLM2-135M at 50%: next-token KL 0.038 against
-    0.051, and 0.260 with whole planes); ``"query"`` for a family without a shrunk form."""
+    without rotary embeddings); for rotary heads the latent keys, which keep more of the model
+    than whole planes at the same key cache, and as fast: ``"latent-shared"`` where a layer
+    has several key heads (SmolLM2-135M at 50%: next-token KL 0.038, against 0.106 with a
+    latent per key head, 0.260 with planes, 0.051 with the query form, which saves nothing),
+    ``"latent"`` where it has one (Gemma 3 270M at 60%: 0.050, against 0.076 with the
+    channels pooled among the layers, 0.089 with planes); ``"query"`` for a family without a
+    shrunk form."""
     if form != "auto":
         return form
     try:
         rotary = check_shrinkable(model)
     except ValueError:  # a family without a shrunk form
         return "query"
-    if not rotary or check_shrinkable(model, normalised=True):
+    if not rotary:
         return "shrunk"
-    return "latent-shared"
+    grouped = any(layer.n_kv_heads > 1 for layer in layers_of(model)[1])
+    return "latent-shared" if grouped else "latent"
 
 
 def _compressed(job, result, plan, method, sensitivity, calibration_texts, rotary_shrunk,
