@@ -43,6 +43,9 @@ multi-head latent attention), query head ``h`` reads the latent key head of its 
 import torch
 from torch import nn
 
+# scaled_dot_product_attention takes grouped query heads (``enable_gqa``) from torch 2.5
+_SDPA_GROUPS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 class KeptChannels(nn.Module):
     """Index tables of one attention layer's kept query and key channels.
@@ -257,12 +260,19 @@ class KeptChannels(nn.Module):
         k = torch.stack(k, dim=1)
         if d_h > d_v:
             value = nn.functional.pad(value, (0, d_h - d_v))
-        if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=1)
-        if q.shape[1] > value.shape[1]:
-            value = value.repeat_interleave(q.shape[1] // value.shape[1], dim=1)
+        n_v = value.shape[1]
+        if k.shape[1] < n_v:  # a latent key head read by several value heads: each its copy
+            k = (k.expand(b, n_v, *k.shape[2:]) if k.shape[1] == 1
+                 else k.repeat_interleave(n_v // k.shape[1], dim=1))
+        # query heads in groups over the value heads: torch's grouped-query attention where
+        # it takes them (no mask, as transformers asks it), else each value head repeated
+        gqa = q.shape[1] > n_v and mask is None and _SDPA_GROUPS
+        if q.shape[1] > n_v and not gqa:
+            k = k.repeat_interleave(q.shape[1] // n_v, dim=1)
+            value = value.repeat_interleave(q.shape[1] // n_v, dim=1)
         out = nn.functional.scaled_dot_product_attention(
-            q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal)
+            q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+            **({"enable_gqa": True} if gqa else {}))
         return out[..., :d_v].transpose(1, 2).reshape(b, n, -1)
 
 
