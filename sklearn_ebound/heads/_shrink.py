@@ -378,9 +378,9 @@ def qk_sizes(model, channels=None, *, latent=False):
     token, summed over the layers; ``channels=None``: the original shapes (a form that keeps
     them). A family that normalises its heads keeps its projections whole and adds ``q_turn``
     (two numbers per kept query channel); latent keys (``latent=True``,
-    :mod:`~._latent_keys`) keep them whole and add ``d_h`` numbers per latent channel of each
-    key head's query map (shared by its query heads) and per key head a latent key channel
-    reads.
+    :mod:`~._latent_keys`) keep them whole and add ``2 d_h`` numbers per latent key channel
+    and key head it reads: its row of ``key_map`` there, and of that key head's query map
+    (shared by its query heads).
     """
     _, layers, _ = layers_of(model)
     d_model = layers[0].w_q.shape[1]
@@ -396,12 +396,10 @@ def qk_sizes(model, channels=None, *, latent=False):
     width_k = sum(len(c) for entry in channels for c in entry["key"])
     if latent:  # a latent key channel reads its share of the key heads side by side
         n_kv = {layer.index: layer.n_kv_heads for layer in layers}
-        key_maps = sum(len(c) * n_kv[entry["layer"]] // len(entry["key"])
-                       for entry in channels for c in entry["key"])
-        query_maps = sum(sum(len(c) for c in entry["query"]) * n_kv[entry["layer"]]
-                         // len(entry["query"]) for entry in channels)
-        return {"qk_parameters": {"original": original, "compressed": original
-                                  + layers[0].head_dim * (query_maps + key_maps)},
+        reads = sum(len(c) * n_kv[entry["layer"]] // len(entry["key"])
+                    for entry in channels for c in entry["key"])
+        return {"qk_parameters": {"original": original,
+                                  "compressed": original + 2 * layers[0].head_dim * reads},
                 "key_cache_channels": {"original": cache, "compressed": width_k}}
     if layers[0].normalised:
         return {"qk_parameters": {"original": original, "compressed": original + 2 * width_q},
