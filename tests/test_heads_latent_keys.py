@@ -9,11 +9,13 @@ keeping every channel is the original. The fitted maps are the best of their ran
 metric they are fitted in (no plane selection beats them there).
 """
 
+import json
+
 import numpy as np
 import pytest
 from test_heads_shrink import PROMPT, TEXTS, _model, _reload
 
-from sklearn_ebound.heads import compress_model
+from sklearn_ebound.heads import compress_model, load_pretrained
 from sklearn_ebound.heads._head_forms import layers_of
 from sklearn_ebound.heads._latent_keys import (
     latent_channels,
@@ -56,6 +58,8 @@ def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype, form):
     model, compressed, report = runs[_name(kind, dtype, form)]
     got = reloaded[_name(kind, dtype, form)]
     assert got["class"] == "Kept" + type(model).__name__
+    # the stock class would load the whole projections, ignore the maps and run the original
+    assert "trust_remote_code=True" in got["untrusted"]
     assert got["dtypes"] == [str(dtype)]
     assert report.form == form and not report.fit_planes
     # a latent key head per key head, or one per layer reading both key heads
@@ -163,6 +167,19 @@ def test_latent_keys_are_refused_where_they_do_not_apply(word_tokenizer):
         latent_channels(model, {0: [17], 1: [4, 4]})
     assert latent_widths({0: [[0, 2], []]}) == {0: [4, 0]}
     assert shared_widths({0: [[0, 2], [1]]}) == {0: [6]}
+
+
+def test_a_written_directory_is_not_read_as_its_stock_class(tmp_path, word_tokenizer):
+    # the stock class would load the whole projections, ignore the maps and run the original
+    compress_model(_model("llama"), TEXTS, tokenizer=word_tokenizer(60), budget=0.5,
+                   form="latent", max_length=16, out=tmp_path)
+    with pytest.raises(ValueError, match="holds a model of its own code"):
+        load_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "llama"  # as the package wrote it before its own model type
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="holds a model of its own code"):
+        load_pretrained(tmp_path)
 
 
 def test_projection_of_heads_of_unequal_widths():

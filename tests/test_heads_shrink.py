@@ -94,10 +94,17 @@ _RELOAD = textwrap.dedent("""
     torch.manual_seed(0)
     out = {}
     for name, path, auto in json.loads(sys.argv[1]):
+        try:  # the stock class would ignore what the compression wrote
+            getattr(transformers, auto).from_pretrained(path, trust_remote_code=False)
+            untrusted = "loaded"
+        except ValueError as error:
+            untrusted = str(error)
         model = getattr(transformers, auto).from_pretrained(path, trust_remote_code=True)
         model.eval()
         ids = torch.tensor(%r)
-        entry = {"class": type(model).__name__,
+        entry = {"class": type(model).__name__, "untrusted": untrusted,
+                 "model_type": model.config.model_type,
+                 "config": json.loads(model.config.to_json_string(use_diff=False)),
                  "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
                  "state": {k: v.float().tolist() for k, v in model.state_dict().items()}}
         with torch.no_grad():
@@ -153,8 +160,15 @@ def test_written_model_reloads_with_the_kept_widths(written, kind, dtype):
     name = f"{kind}-{str(dtype).split('.')[-1]}"
     model, compressed, report = runs[name]
     got = reloaded[name]
-    # the stock class's name with kept channels, in the original's dtype
+    # the stock class's name with kept channels, in the original's dtype, under a model
+    # type of its own: without the written modeling file transformers refuses the directory
     assert got["class"] == "Kept" + type(model).__name__
+    assert got["model_type"] == "kept_" + model.config.model_type
+    assert "trust_remote_code=True" in got["untrusted"]
+    stock = json.loads(model.config.to_json_string(use_diff=False))
+    lost = {k: v for k, v in stock.items() if got["config"].get(k) != v}
+    assert set(lost) <= {"model_type", "architectures", "transformers_version", "dtype",
+                         "_name_or_path"}, lost  # the class's, the load's, the version's
     assert got["dtypes"] == [str(dtype)]
     widths = _widths(report.channels)
     assert report.key_cache_channels["compressed"] == sum(widths)

@@ -77,6 +77,12 @@ def load_pretrained(model_dir):
         file of a language model; the base model (``AutoModel``) otherwise.
     tokenizer : tokenizer or None
         ``None`` when the directory holds no tokenizer.
+
+    Raises
+    ------
+    ValueError
+        For a directory whose model runs code of its own (``auto_map``, ``trust_remote_code``),
+        such as the one :func:`compress_model` writes: it is not loaded as a stock class.
     """
     transformers = require("transformers")
     from pathlib import Path
@@ -96,7 +102,21 @@ def load_pretrained(model_dir):
     elif not (path / "config.json").is_file():
         raise ValueError(f"`{model_dir}` is neither a directory with a Hugging Face "
                          "config.json nor a .gguf file.")
-    config = transformers.AutoConfig.from_pretrained(str(path), **options)
+    options["trust_remote_code"] = False  # a stock class, never code from the directory
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), **options)
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise
+        config = None
+    if config is None or hasattr(config, "qk_channels"):
+        # a directory of custom code (a compressed model written by this package among
+        # them): its stock class, if any, would ignore what the code adds and run another model
+        raise ValueError(
+            f"`{model_dir}` holds a model of its own code (config.json's auto_map; a model "
+            "compress_model wrote is one): load_pretrained reads stock transformers models "
+            "only. Load it with transformers' AutoModel...from_pretrained(model_dir, "
+            "trust_remote_code=True) if you trust the code.")
     auto = (transformers.AutoModelForCausalLM if _causal_lm_class(config, transformers)
             else transformers.AutoModel)
     model = auto.from_pretrained(str(path), **options, **_gguf_loading(options, transformers))

@@ -416,9 +416,9 @@ MODELING_FILE = "modeling_shrunk.py"
 
 
 def _modeling_source(model, family, latent=False):
-    """The text of ``modeling_shrunk.py`` for ``model``'s class: the template, then the
-    lines that wrap the model's stock class and its family's stock attention (by latent keys
-    with ``latent``)."""
+    """The names of the kept model and config classes and the text of ``modeling_shrunk.py``
+    for ``model``'s class: the template, then the lines that wrap the model's stock class, its
+    stock config and its family's stock attention (by latent keys with ``latent``)."""
     stock = type(model)
     module = stock.__module__
     if not module.startswith("transformers.models."):
@@ -435,12 +435,18 @@ def _modeling_source(model, family, latent=False):
                           and stock.__name__.startswith(name[:-len("Attention")])), None)
         if attention is None:
             raise ValueError(f"No attention class found beside {stock.__name__} in {module}.")
+    config = type(model.config)
+    if not config.__module__.startswith("transformers.models."):
+        raise ValueError(f"Writing the shrunk form needs a stock transformers config class. "
+                         f"Got {config.__module__}.{config.__name__}.")
     template = (Path(__file__).with_name("_shrunk_modeling.py")).read_text(encoding="utf-8")
-    name = "Kept" + stock.__name__
-    return name, template + (
+    name, config_name = "Kept" + stock.__name__, "Kept" + config.__name__
+    return name, config_name, template + (
         f"\n\n# The model this directory holds: {stock.__name__} with kept query-key channels.\n"
-        f"from {module} import {attention}, {stock.__name__}  # noqa: E402\n\n"
-        f"{name} = kept_model({stock.__name__}, {attention}, {factory})\n")
+        f"from {module} import {attention}, {stock.__name__}  # noqa: E402\n"
+        f"from {config.__module__} import {config.__name__}  # noqa: E402\n\n"
+        f"{config_name} = kept_config({config.__name__})\n"
+        f"{name} = kept_model({stock.__name__}, {attention}, {factory}, {config_name})\n")
 
 
 def _auto_class(model):
@@ -551,15 +557,18 @@ def _load_modeling(path, name):
 
 
 def _built(model, family, layers, channels, maps, cls, latent=None):
-    """``cls`` (the kept model's class) built on ``model``'s config and compressed weights."""
-    config = copy.deepcopy(model.config)
+    """``cls`` (the kept model's class) built on ``model``'s config, as its own config class
+    holds it, and on the compressed weights."""
+    settings = model.config.to_dict()
+    settings.pop("model_type", None)  # the kept config's own
+    config = cls.config_class.from_dict(settings)
     config.qk_channels = {"query": [e["query"] for e in channels],
                           "key": [e["key"] for e in channels]}
     if latent is not None:  # the channels are latent: the maps of query_map and key_map
         config.qk_latent = True
     # the kept attention builds the masks of the stock eager or SDPA attention, not others'
-    if config._attn_implementation != "eager":
-        config._attn_implementation = "sdpa"
+    eager = model.config._attn_implementation == "eager"
+    config._attn_implementation = "eager" if eager else "sdpa"
     dtype = next(model.parameters()).dtype
     state = _shrunk_state(model, family, layers, channels, maps, latent)
     torch = require("torch")
@@ -587,7 +596,7 @@ def shrunk_model(model, channels, *, maps=None, latent=None):
     ``model``.
     """
     family, layers, _ = layers_of(model)
-    name, source = _modeling_source(model, family, latent is not None)
+    name, _, source = _modeling_source(model, family, latent is not None)
     module = types.ModuleType(f"_ebound_shrunk_{name}")
     exec(compile(source, MODELING_FILE, "exec"), module.__dict__)  # the file save_shrunk writes
     return _built(model, family, layers, channels, maps, getattr(module, name), latent)
@@ -605,9 +614,11 @@ def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None, latent
     :func:`~._latent_keys.latent_channels`), ``model`` is the original, its projections (and
     norms) written whole, and each layer's ``query_map`` and ``key_map`` beside them: the
     logits and the cache take the latent keys. The directory holds
-    ``config.json`` (the original's, with ``qk_channels`` and ``auto_map``),
-    ``modeling_shrunk.py`` and the weights in the model's dtype; load it with
-    ``AutoModel...from_pretrained(directory, trust_remote_code=True)``.
+    ``config.json`` (the original's, with ``qk_channels`` and ``auto_map``, under the model
+    type ``kept_<model type>``), ``modeling_shrunk.py`` and the weights in the model's
+    dtype; load it with ``AutoModel...from_pretrained(directory, trust_remote_code=True)``.
+    Without ``trust_remote_code`` transformers refuses it (the stock class would load the
+    latent and normalised forms' whole projections and run the original model).
 
     Returns
     -------
@@ -617,8 +628,9 @@ def save_shrunk(model, channels, directory, *, tokenizer=None, maps=None, latent
     family, layers, _ = layers_of(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    name, source = _modeling_source(model, family, latent is not None)
-    auto_map = {_auto_class(model): f"{MODELING_FILE[:-3]}.{name}"}
+    name, config_name, source = _modeling_source(model, family, latent is not None)
+    auto_map = {"AutoConfig": f"{MODELING_FILE[:-3]}.{config_name}",
+                _auto_class(model): f"{MODELING_FILE[:-3]}.{name}"}
     (directory / MODELING_FILE).write_text(source, encoding="utf-8")
     shrunk = _built(model, family, layers, channels, maps,
                     _load_modeling(directory / MODELING_FILE, name), latent)

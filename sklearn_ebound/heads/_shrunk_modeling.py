@@ -2,9 +2,12 @@
 
 Written by sklearn-ebound beside a compressed model's weights (``modeling_shrunk.py``, named
 by ``auto_map`` in its ``config.json``; load it with ``trust_remote_code=True``). It needs
-torch and transformers only. The model is the stock class of its family; each attention
-block is the stock one with its query and key projections cut to the channels the
-compression kept, ``config.qk_channels``:
+torch and transformers only. The config is the stock one under a model type of its own,
+``kept_<model type>``, so that a loader not allowed this file refuses the directory instead
+of building the stock model, which would ignore what the compression wrote (a latent or
+normalised form keeps the stock projections whole). The model is the stock class of its
+family; each attention block is the stock one with its query and key projections cut to
+the channels the compression kept, ``config.qk_channels``:
 
     {"query": [layer][query head] -> channels of the head kept, in 0 .. d_h - 1,
      "key":   [layer][key head]   -> likewise}
@@ -545,8 +548,20 @@ def bert_attention(stock):
     return KeptBertSelfAttention
 
 
-def kept_model(stock_model, stock_attention, make_attention):
-    """``stock_model`` whose ``stock_attention`` blocks are ``make_attention(stock_attention)``.
+def kept_config(stock_config):
+    """``stock_config`` under the model type ``kept_<its model type>``, unknown to
+    transformers: the directory then loads only with this file."""
+
+    class KeptConfig(stock_config):
+        model_type = "kept_" + stock_config.model_type
+
+    KeptConfig.__name__ = KeptConfig.__qualname__ = "Kept" + stock_config.__name__
+    return KeptConfig
+
+
+def kept_model(stock_model, stock_attention, make_attention, config_class):
+    """``stock_model`` whose ``stock_attention`` blocks are ``make_attention(stock_attention)``,
+    configured by ``config_class`` (:func:`kept_config` of the stock config).
 
     The blocks are replaced after the stock constructor, each with its own layer index. The
     model builds its masks as for the stock SDPA attention (none where causality alone
@@ -578,4 +593,5 @@ def kept_model(stock_model, stock_attention, make_attention):
             self.post_init()
 
     KeptModel.__name__ = KeptModel.__qualname__ = "Kept" + stock_model.__name__
+    KeptModel.config_class = config_class
     return KeptModel

@@ -241,12 +241,14 @@ class AttentionFamily:
         """Why this family does not describe a model of ``config`` (``""`` when it may).
 
         ``config`` is ``None`` for a bare state dict: then only a family told by its
-        parameters alone (``model_types = None``) may read it.
+        parameters alone (``model_types = None``) may read it. A config class derived from
+        one of the family's (a written model's ``kept_<model type>``) is of the family.
         """
         if self.model_types is None:
             return ""
         model_type = getattr(config, "model_type", None)
-        if model_type not in self.model_types:
+        inherited = {getattr(c, "model_type", None) for c in type(config).__mro__}
+        if not inherited & set(self.model_types):
             return (f"its attention is read only for a config of model_type in "
                     f"{list(self.model_types)} (got {model_type!r})")
         return ""
