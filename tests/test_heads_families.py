@@ -313,7 +313,7 @@ def test_cli_reports_the_measure_it_used(word_tokenizer):
 
 
 def test_the_namings_are_the_adapters_names():
-    assert NAMINGS == tuple(FAMILIES) == ("bert", "gpt2", "llama", "gemma3")
+    assert NAMINGS == tuple(FAMILIES) == ("bert", "gpt2", "llama", "gemma3", "qwen3")
     for name, adapter in FAMILIES.items():
         assert isinstance(adapter, AttentionFamily) and adapter.name == name
         assert family(name) is adapter

@@ -1,9 +1,11 @@
-"""Families by what their attention computes: Gemma 3's normalised heads, and refusals.
+"""Families by what their attention computes: Gemma 3's and Qwen 3's normalised heads, and refusals.
 
 A tiny random Gemma 3 (sliding and global layers, two rotary bases, a logit scale of its own,
 query and key gains far from one) is read as ``gemma3``: the package's head model reproduces
 the heads' real outputs, and its ranks and curves are taken on the normalised queries and
-keys. An attention block with a parameter its family does not model is refused by name.
+keys. A tiny random Qwen 3 (gains that are the norms' weights themselves, query and key
+biases, a sliding layer) likewise as ``qwen3``. An attention block with a parameter its
+family does not model is refused by name.
 """
 
 import os
@@ -18,7 +20,7 @@ from sklearn_ebound.heads import (
     head_ranks,
     plan_ranks,
 )
-from sklearn_ebound.heads._families import _gemma3
+from sklearn_ebound.heads._families import _gemma3, _qwen3
 from sklearn_ebound.heads._head_forms import head_model_errors, layers_of
 
 transformers = pytest.importorskip("transformers")
@@ -57,10 +59,43 @@ def tiny_gemma3(vocab):
     return model.eval()
 
 
+def tiny_qwen3(vocab):
+    """Three layers (full, sliding, sliding; window 4), 4 query and 2 key heads of 16, query
+    and key biases."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+        use_sliding_window=True, sliding_window=4, max_window_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+        attn_implementation="eager", tie_word_embeddings=False)
+    model = transformers.Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.2, 4.0)  # the gains themselves
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                parameter.mul_(10.0)
+            if name.endswith(("q_proj.bias", "k_proj.bias")):
+                parameter.normal_(0.0, 0.5)
+    return model.eval()
+
+
+TINY = {"gemma3": (tiny_gemma3, _gemma3.Gemma3Family, 1.0),
+        "qwen3": (tiny_qwen3, _qwen3.Qwen3Family, 0.0)}
+
+
 @pytest.fixture(scope="module")
 def gemma():
     tokenizer = _tokenizer()
     return tiny_gemma3(len(tokenizer.get_vocab())), tokenizer
+
+
+@pytest.fixture(scope="module", params=list(TINY))
+def normalised(request):
+    """``(name, model, tokenizer)`` of each family with normalised heads."""
+    tokenizer = _tokenizer()
+    return request.param, TINY[request.param][0](len(tokenizer.get_vocab())), tokenizer
 
 
 def test_gemma3_is_read_with_its_norms_scale_windows_and_bases(gemma):
@@ -77,35 +112,56 @@ def test_gemma3_is_read_with_its_norms_scale_windows_and_bases(gemma):
         assert layer.normalised and layer.q_gain.shape == (4, 16)
 
 
+def test_qwen3_is_read_with_its_norms_and_windows():
+    model = tiny_qwen3(len(_tokenizer().get_vocab()))
+    family, layers, _ = layers_of(model)
+    assert family.name == "qwen3" and family.rotary
+    assert [layer.window for layer in layers] == [None, 4, 4]
+    for layer in layers:
+        attention = model.model.layers[layer.index].self_attn
+        np.testing.assert_allclose(layer.scale, 16 ** -0.5)
+        np.testing.assert_allclose(layer.q_gain[2], attention.q_norm.weight.detach())
+        np.testing.assert_allclose(layer.k_gain[1], attention.k_norm.weight.detach())
+        assert layer.normalised and layer.b_q is not None
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_the_head_model_matches_the_real_head_outputs(gemma, side):
-    model, _ = gemma
+def test_the_head_model_matches_the_real_head_outputs(normalised, side):
+    name, model, _ = normalised
     errors, family = head_model_errors(model, TEXTS, _tokenizer(side))
-    assert family.name == "gemma3" and errors.shape == (3, 4)
+    assert family.name == name and errors.shape == (3, 4)
     assert errors.max() < 2e-6  # a float32 model against the head model in float64
 
 
-@pytest.mark.parametrize("setting", ["window", "logit_scale", "gains"])
-def test_each_part_of_what_gemma3_computes_matters(gemma, setting, monkeypatch):
-    # Leaving out the windows, the scale or the gains (the query read as LLaMA reads it)
-    # misses the heads' outputs: the test above could fail.
-    model, tokenizer = gemma
+@pytest.mark.parametrize(("name", "setting"), [
+    ("gemma3", "window"), ("gemma3", "logit_scale"), ("gemma3", "gains"),
+    ("gemma3", "gain_offset"), ("qwen3", "window"), ("qwen3", "gains"),
+    ("qwen3", "gain_offset")])  # (Qwen 3's logit scale is LLaMA's 1 / sqrt(d_h))
+def test_each_part_of_what_the_normalised_heads_compute_matters(name, setting, monkeypatch):
+    # Leaving out the windows, the scale or the gains (the query read as LLaMA reads it), or
+    # reading the gains as the other family's, misses the heads' outputs: the test above
+    # could fail.
+    tokenizer = _tokenizer()
+    make, adapter, offset = TINY[name]
+    model = make(len(tokenizer.get_vocab()))
     if setting == "gains":
-        read = _gemma3.Gemma3Family.read
+        read = adapter.read
 
         def ungained(self, *args, **kwargs):
             layer = read(self, *args, **kwargs)
             layer.q_gain = layer.k_gain = None
             return layer
 
-        monkeypatch.setattr(_gemma3.Gemma3Family, "read", ungained)
+        monkeypatch.setattr(adapter, "read", ungained)
+    elif setting == "gain_offset":
+        monkeypatch.setattr(adapter, "gain_offset", 1.0 - offset)
     else:
-        settings = _gemma3.Gemma3Family.layer_settings
+        settings = adapter.layer_settings
 
         def without(self, config, i):
             return {**settings(self, config, i), setting: None}
 
-        monkeypatch.setattr(_gemma3.Gemma3Family, "layer_settings", without)
+        monkeypatch.setattr(adapter, "layer_settings", without)
     errors, _ = head_model_errors(model, TEXTS, tokenizer)
     assert errors.max() > 1e-2
 
@@ -132,7 +188,7 @@ def test_ranks_and_curves_are_taken_on_the_normalised_heads(gemma):
         assert curves[..., 0].min() > 1e-3 and np.all(np.isfinite(curves))
 
 
-def test_the_taylor_terms_are_taken_on_the_normalised_queries(gemma):
+def test_the_taylor_terms_are_taken_on_the_normalised_queries(normalised):
     # The query gradients are read at q_norm's output: summed over the tokens, the trace of
     # ``q^T dL/dq`` of the normalised queries is the derivative of the summed loss along a
     # common scaling of the layer's query gains, ``d/dt L(gains (1 + t))`` at 0.
@@ -140,7 +196,8 @@ def test_the_taylor_terms_are_taken_on_the_normalised_queries(gemma):
 
     from sklearn_ebound.heads import head_sensitivity
 
-    model, tokenizer = gemma
+    name, model, tokenizer = normalised
+    offset = TINY[name][2]  # gain = offset + weight
     model = copy.deepcopy(model).double()  # one text per batch: no padding in float64
 
     def sensitivity():
@@ -155,7 +212,7 @@ def test_the_taylor_terms_are_taken_on_the_normalised_queries(gemma):
     losses = []
     for t in (-1e-3, 1e-3):
         with torch.no_grad():
-            norm.weight.copy_((1 + saved) * (1 + t) - 1)
+            norm.weight.copy_((offset + saved) * (1 + t) - offset)
         losses.append(sensitivity().loss)  # mean over the predicted tokens
     n_predicted = sens.n_tokens - len(TEXTS)
     slope = (losses[1] - losses[0]) / 2e-3 * n_predicted

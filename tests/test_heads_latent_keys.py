@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 CASES = [("llama", torch.float32, "latent"), ("llama", torch.bfloat16, "latent"),
          ("qwen2", torch.float32, "latent"), ("gemma3", torch.float32, "latent"),
          ("llama", torch.float32, "latent-shared"), ("qwen2", torch.bfloat16, "latent-shared"),
-         ("gemma3", torch.float32, "latent-shared")]
+         ("gemma3", torch.float32, "latent-shared"), ("qwen3", torch.float32, "latent-shared")]
 
 
 def _name(kind, dtype, form):
@@ -99,7 +99,7 @@ def test_latent_keys_reload_with_the_latent_widths(written, kind, dtype, form):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3", "qwen3"])
 def test_latent_keys_of_every_channel_are_the_original(kind, shared, word_tokenizer):
     model = _model(kind)
     layers = layers_of(model)[1]
@@ -227,7 +227,7 @@ def test_query_heads_of_a_group_share_their_key_head_map():
 
 @pytest.mark.parametrize(("kind", "kv_heads", "form"), [
     ("bert", 4, "shrunk"), ("gpt2", 4, "shrunk"), ("llama", 2, "latent-shared"),
-    ("gemma3", 2, "latent-shared"), ("llama", 1, "latent")])
+    ("gemma3", 2, "latent-shared"), ("qwen3", 2, "latent-shared"), ("llama", 1, "latent")])
 def test_auto_form_follows_what_the_heads_compute(kind, kv_heads, form):
     from sklearn_ebound.heads._workflow import _resolve_form
 

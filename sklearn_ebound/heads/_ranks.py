@@ -296,7 +296,7 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
     n_kv_heads : int, default=None
         Key heads per layer for grouped-query attention (``"llama"`` scheme); defaults to the
         config's ``num_key_value_heads``, else ``n_heads``.
-    naming : {"bert", "gpt2", "llama", "gemma3"}, default=None
+    naming : {"bert", "gpt2", "llama", "gemma3", "qwen3"}, default=None
         Parameter naming scheme, detected from the keys (and the config) when ``None``:
 
         * ``"bert"``: ``encoder.layer.{i}.attention.self.query.weight`` / ``key.weight``
@@ -310,7 +310,9 @@ def head_ranks(model_or_weights, *, n_heads=None, n_kv_heads=None, naming=None, 
         * ``"gemma3"``: LLaMA's keys and ``q_norm.weight`` / ``k_norm.weight``, each query
           and key head RMS-normalised with the gains ``1 + w`` before its rotation (a
           Gemma 3 model with its config only): the kernel is ``W_Q D_Q (W_K D_K)^T`` and
-          the logit field is taken on the normalised queries and keys.
+          the logit field is taken on the normalised queries and keys;
+        * ``"qwen3"``: the same with the gains ``w`` themselves and the ``1 / sqrt(d_h)``
+          scale (a Qwen 3 model with its config only).
 
         Any prefix before these names (``bert.``, ``transformer.``, ``model.``) is accepted.
         An attention block holding a parameter its family does not model (such as

@@ -259,8 +259,11 @@ class _HeadTaps:
     def head_columns(self, t, li, valid):
         """``(T, n_heads, d_h)``: each head's entries of the query output at the real tokens."""
         torch = require("torch")
-        if self.sites[li][1]:  # (b, n_heads, n, d_h)
+        layout = self.sites[li][1]
+        if layout == "heads_first":  # (b, n_heads, n, d_h)
             return t.transpose(1, 2)[valid].double()
+        if layout == "heads_last":  # (b, n, n_heads, d_h)
+            return t[valid].double()
         return torch.stack([t[..., slot.start:slot.start + self.d_h]
                             for slot in self.query_slots[li]], -2)[valid].double()
 

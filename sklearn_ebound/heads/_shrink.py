@@ -55,7 +55,8 @@ __all__ = ["check_shrinkable", "kept_channels", "plane_plan", "plane_maps", "fol
 _ATTENTION = {"gpt2": ("GPT2Attention", "gpt2_attention"),
               "bert": ("BertSelfAttention", "bert_attention"),
               "llama": (None, "rotary_attention"),
-              "gemma3": ("Gemma3Attention", "gemma3_attention")}
+              "gemma3": ("Gemma3Attention", "normalised_attention"),
+              "qwen3": ("Qwen3Attention", "normalised_attention")}
 
 
 def check_shrinkable(model, *, normalised=False):

@@ -22,13 +22,13 @@ shape). A rotary model keeps whole rotary planes (channels ``f`` and
 ``f + d_h / 2`` together), so its kept channels are rotated by their own rows of the rotary
 tables, before they are cached, as the stock model does.
 
-Gemma 3 normalises every query and key head (an RMS norm over its whole ``d_h`` channels, with
-gains) before the rotation, so its projections and norms keep their stock shapes and weights:
-the kept channels are taken from the normalised heads, and only they are rotated, enter the
-logits and are cached. Each kept plane of a query head may be turned and scaled, ``q -> a q +
-b J q`` (``J`` the plane's quarter turn, which commutes with its rotations), by the layer's
-``q_turn`` (``(2, kept query channels)``: ``a`` then ``b`` per kept channel): after the norm no
-weight of the stock model can hold it.
+Gemma 3 and Qwen 3 normalise every query and key head (an RMS norm over its whole ``d_h``
+channels, with gains) before the rotation, so their projections and norms keep their stock
+shapes and weights: the kept channels are taken from the normalised heads, and only they are
+rotated, enter the logits and are cached. Each kept plane of a query head may be turned and
+scaled, ``q -> a q + b J q`` (``J`` the plane's quarter turn, which commutes with its
+rotations), by the layer's ``q_turn`` (``(2, kept query channels)``: ``a`` then ``b`` per kept
+channel): after the norm no weight of the stock model can hold it.
 
 A rotary model may instead keep *latent keys* (``config.qk_latent``): its projections (and
 norms) stay whole, every head is rotated as the stock model rotates it, and only then does each
@@ -374,16 +374,16 @@ def rotary_attention(stock):
     return KeptRotaryAttention
 
 
-def gemma3_attention(stock):
-    """Gemma 3's attention (``q_proj``/``k_proj``/``v_proj``/``o_proj``, per-head ``q_norm`` and
-    ``k_norm``, rotary embeddings of the layer's type, grouped keys) with kept query and key
-    channels: the projections and norms are the stock ones, the kept channels of the
-    normalised heads are turned by ``q_turn`` (queries), rotated, and alone enter the logits
-    and the cache. The sliding window is in ``attention_mask``, as the stock model builds it
-    per layer type; a ``softcap`` passed through the keywords caps the logits as the stock
-    eager attention does."""
+def normalised_attention(stock):
+    """An attention with normalised heads, Gemma 3's or Qwen 3's (``q_proj``/``k_proj``/
+    ``v_proj``/``o_proj``, per-head ``q_norm`` and ``k_norm``, rotary embeddings of the
+    layer's type, grouped keys), with kept query and key channels: the projections and norms
+    are the stock ones, the kept channels of the normalised heads are turned by ``q_turn``
+    (queries), rotated, and alone enter the logits and the cache. The sliding window is in
+    ``attention_mask``, as the stock model builds it per layer type; a ``softcap`` passed
+    through the keywords caps the logits as the stock eager attention does."""
 
-    class KeptGemma3Attention(stock):
+    class KeptNormalisedAttention(stock):
         def __init__(self, config, layer_idx):
             super().__init__(config, layer_idx)
             query, key = _kept(config, layer_idx)
@@ -406,7 +406,7 @@ def gemma3_attention(stock):
             key = self.kept.rotate(self.kept.select(key, "k"), cos, sin, "k")[:, None]
             return _attended(self, query, key, value, attention_mask, cache, kwargs)
 
-    return KeptGemma3Attention
+    return KeptNormalisedAttention
 
 
 def _whole_heads(module, hidden_states):
@@ -438,8 +438,8 @@ def _rotated(x, cos, signed):
 
 
 def latent_attention(stock):
-    """A rotary attention class (LLaMA-style, or Gemma 3's with its per-head ``q_norm`` and
-    ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
+    """A rotary attention class (LLaMA-style, or Gemma 3's or Qwen 3's with per-head ``q_norm``
+    and ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
     key head's ``key_map`` rows (on its share of the key heads) and each key head's
     ``query_map`` rows on its query heads, so that only the latent channels enter the logits
     and the cache. A ``softcap`` passed through the keywords caps the logits as the stock

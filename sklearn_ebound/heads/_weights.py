@@ -89,7 +89,7 @@ def extract_layers(state, n_heads, *, n_kv_heads=None, naming=None):
     n_kv_heads : int, default=None
         Key heads per layer (grouped-query attention); ``None`` means ``n_heads``. Only the
         ``"llama"`` scheme has separate key heads.
-    naming : {"bert", "gpt2", "gemma3", "llama"}, default=None
+    naming : {"bert", "gpt2", "llama", "gemma3", "qwen3"}, default=None
         The naming scheme; ``None`` detects it from the keys.
 
     Returns

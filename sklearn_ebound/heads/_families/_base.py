@@ -278,13 +278,14 @@ class AttentionFamily:
         raise NotImplementedError
 
     def query_site(self, layer):
-        """``(module, heads_first)``: the module whose output holds the layer's queries where
+        """``(module, layout)``: the module whose output holds the layer's queries where
         a rank-``r`` form acts on them (after any normalisation, before the rotation).
 
-        ``heads_first``: the output is ``(b, n_heads, n, d_h)``; otherwise ``(b, n, ...)``
-        with head ``h`` in the entries of its query slot (:meth:`slots`).
+        ``layout``: ``"slots"``, the output is ``(b, n, ...)`` with head ``h`` in the
+        entries of its query slot (:meth:`slots`); ``"heads_first"``, ``(b, n_heads, n,
+        d_h)``; ``"heads_last"``, ``(b, n, n_heads, d_h)``.
         """
-        return self.slots(layer, 0, 0)[0].module, False
+        return self.slots(layer, 0, 0)[0].module, "slots"
 
     def is_causal(self, config):
         """Whether a token attends only to itself and the tokens before it."""

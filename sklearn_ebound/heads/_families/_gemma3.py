@@ -27,6 +27,8 @@ class Gemma3Family(LlamaFamily):
     block_parameters = LlamaFamily.block_parameters | {"q_norm.weight", "k_norm.weight"}
     required_parameters = LlamaFamily.required_parameters | {"q_norm.weight", "k_norm.weight"}
     model_types = ("gemma3_text",)
+    gain_offset = 1.0  # the norms' gains are 1 + weight (Qwen 3's: the weight itself)
+    title, needs = "Gemma 3", "logit scale, the sliding windows and the rotary bases"
 
     def config_refusal(self, config):
         refusal = super(LlamaFamily, self).config_refusal(config)
@@ -38,20 +40,21 @@ class Gemma3Family(LlamaFamily):
 
     def query_site(self, layer):
         # q_norm's output: the normalised queries, (b, n_heads, n, d_h), not yet rotated
-        return layer.attention_module + ".q_norm", True
+        return layer.attention_module + ".q_norm", "heads_first"
 
     def is_causal(self, config):
         return not getattr(config, "use_bidirectional_attention", False)
 
     def read(self, state, prefix, i, n_heads, n_kv_heads, config=None):
         if config is None:
-            raise ValueError("A Gemma 3 model's attention needs its config (the logit scale, "
-                             "the sliding windows and the rotary bases); pass the model.")
+            raise ValueError(f"A {self.title} model's attention needs its config (the "
+                             f"{self.needs}); pass the model.")
         layer = super().read(state, prefix, i, n_heads, n_kv_heads, config)
         block = self.attention_block(prefix, i)
         # Gemma3RMSNorm: x / rms(x) * (1 + weight), one weight for all heads of the layer
-        layer.q_gain = np.tile(1.0 + get(state, block + "q_norm.weight"), (n_heads, 1))
-        layer.k_gain = np.tile(1.0 + get(state, block + "k_norm.weight"), (n_kv_heads, 1))
+        offset = self.gain_offset
+        layer.q_gain = np.tile(offset + get(state, block + "q_norm.weight"), (n_heads, 1))
+        layer.k_gain = np.tile(offset + get(state, block + "k_norm.weight"), (n_kv_heads, 1))
         if layer.q_gain.shape[1] != layer.head_dim:
             raise ValueError(f"`{block}q_norm.weight` has {layer.q_gain.shape[1]} entries, not "
                              f"the head size {layer.head_dim}.")
