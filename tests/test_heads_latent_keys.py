@@ -119,6 +119,45 @@ def test_latent_keys_of_every_channel_are_the_original(kind, shared, word_tokeni
         assert not torch.allclose(shrunk(ids).logits, model(ids).logits, atol=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+@pytest.mark.parametrize("shares", [(12, 10), (5, 0, 8, 3)])
+def test_the_query_map_on_the_keys_is_the_query_map_on_the_queries(kind, shares,
+                                                                  word_tokenizer):
+    # Several queries may meet the latent keys expanded by each key head's query map (the
+    # fused kernel at the values' width) instead of mapped queries: the same logits, with
+    # and without a padding mask, for a shared latent wider than a head (one per layer) and
+    # latents per key head of unequal widths (one of them 0)
+    model = _model(kind)
+    layers = layers_of(model)[1]
+    widths = {layer.index: [shares[layer.index]] if len(shares) == 2 else
+              list(shares[2 * layer.index:2 * layer.index + 2]) for layer in layers}
+    maps = latent_maps(model, widths, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    shrunk = shrunk_model(model, latent_channels(model, widths), latent=maps)
+    model.set_attn_implementation("sdpa")
+    ids = torch.tensor([[0, 0, 3, 17, 5, 29, 11, 8, 4, 9, 13], [3, 17, 5, 29, 11, 8, 4, 9,
+                                                                 13, 21, 6]])
+    mask = torch.tensor([[0, 0] + [1] * 9, [1] * 11])
+    kept = [shrunk.model.layers[layer.index].self_attn.kept for layer in layers]
+    runs = {}
+    for expand in (False, True, None):
+        for channels in kept:
+            channels.expand = expand
+        with torch.no_grad():
+            runs[expand] = (shrunk(ids, attention_mask=mask).logits[mask.bool()],
+                            shrunk(ids[1:]).logits)
+    for ours, theirs in zip(runs[True], runs[False], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    # the rule: a prompt pass over grouped keys expands (fewer key heads than query heads
+    # to map), a decoding step does not; without groups only a latent wider than a head
+    head_dim = layers[0].head_dim
+    for channels, layer in zip(kept, layers, strict=True):
+        channels.expand = None
+        wide = max(widths[layer.index]) > head_dim
+        assert channels._expands(500, 500, layer.n_kv_heads, head_dim)
+        assert channels._expands(500, 500, layer.n_heads, head_dim) == wide
+        assert not channels._expands(1, 500, layer.n_kv_heads, head_dim)
+
+
 def _error(cq, ck, a, b):
     """``E (q^T (I - B^T A) k)^2`` for independent ``q``, ``k`` of second moments ``cq``,
     ``ck``."""

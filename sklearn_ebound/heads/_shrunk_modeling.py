@@ -181,8 +181,12 @@ class KeptChannels(nn.Module):
         _, partner, sign, _ = self._table(name, x)
         return x * a + x[..., partner] * sign * b
 
+    # None: a latent's query map goes to the keys where :meth:`_expands` says it is cheaper;
+    # True / False: always / never (to compare the two ways)
+    expand = None
+
     def attention(self, query, key, value, attention_mask, scaling, dropout, training,
-                  is_causal=True, softcap=None, weights=None):
+                  is_causal=True, softcap=None, weights=None, query_map=None):
         """``softmax(q_h . k_g(h) * scaling + mask) v_g(h)`` for every head (the scaled
         logits capped at ``softcap tanh(. / softcap)`` first when ``softcap`` is given).
 
@@ -190,7 +194,10 @@ class KeptChannels(nn.Module):
         ``(b, n_kv, m, d_h)``. ``attention_mask`` is additive (float) or says which keys are
         attended (bool), or ``None``: then, as in transformers' SDPA attention, several
         queries of a causal block (``is_causal``) see the keys up to their own position and
-        one query sees every key. Returns ``(b, n, n_heads * d_h)`` and the weights: ``None``
+        one query sees every key. With ``query_map`` (``(rows, group)`` of latent keys),
+        ``query`` is every head's whole rotated channels ``(b, n, n_heads, d_h)``, mapped by
+        :meth:`project`, or for several queries the map goes to the keys instead
+        (:meth:`_expanded`). Returns ``(b, n, n_heads * d_h)`` and the weights: ``None``
         unless the logits are capped or the weights are asked for (``weights=True``, or the
         model called with ``output_attentions=True``).
         """
@@ -198,7 +205,13 @@ class KeptChannels(nn.Module):
         keys, value, mask, causal = _masking(n, key[:, 0], value, attention_mask, is_causal)
         dropout = dropout if training else 0.0
         asked = _attentions_recorded() if weights is None else weights
-        if n > 1 and softcap is None and not asked:
+        fused = n > 1 and softcap is None and not asked
+        if query_map is not None:
+            if fused and self._expands(n, keys.shape[1], value.shape[1], value.shape[-1]):
+                return self._expanded(query, keys, value, mask, causal, scaling, dropout,
+                                      *query_map), None
+            query = self.project(query, query_map[0], "q", query_map[1])
+        if fused:
             return self._fused(query, keys, value, mask, causal, scaling, dropout), None
         if causal:
             mask = torch.ones(n, keys.shape[1], dtype=torch.bool, device=query.device).tril()
@@ -244,6 +257,40 @@ class KeptChannels(nn.Module):
             self._tables[key] = torch.tensor(self._block, dtype=torch.long, device=x.device)
         return self._tables[key]
 
+    def _expands(self, n, m, n_kv, d_v):
+        """Whether ``n`` queries meet ``m`` latent keys cheaper expanded (:meth:`_expanded`),
+        by the products each way: mapped, ``n n_heads d_v w`` for the query map (``w`` the
+        widest latent) and ``2 n m n_heads max(w, d_v)`` for the fused kernel, which pads
+        queries, keys and values to one width; expanded, ``m n_kv w d_v`` for the keys and
+        ``2 n m n_heads d_v``. A prompt pass with grouped keys expands; a decoding step
+        (``n = 1``) maps its query."""
+        if self.expand is not None:
+            return bool(self.expand)
+        w, heads = max(self.k_width, default=0), self._heads["q"]
+        mapped = n * heads * d_v * w + 2 * n * m * heads * max(w, d_v)
+        return m * n_kv * w * d_v + 2 * n * m * heads * d_v < mapped
+
+    def _expanded(self, query, keys, value, mask, causal, scaling, dropout, rows, group):
+        """Several whole rotated queries ``(b, n, n_heads, d_h)`` against the latent keys
+        expanded by each key head's query map, ``k~_g = B_g^T (A_s R k)`` (``d_h`` channels):
+        the logits ``R q_h . k~_g`` are ``B_g R q_h . A_s R k``, and the fused kernel takes
+        queries, keys and values of one width, however wide the latent."""
+        b, m, _ = keys.shape
+        padded, _ = self._padded(rows, "q", group)  # (n_kv, d_h, widest): B_g^T, zero-padded
+        n_kv, _, widest = padded.shape
+        latent, start = [], 0
+        for width in self.k_width:  # each latent head's entries, zero-padded alike
+            latent.append(nn.functional.pad(keys[..., start:start + width], (0, widest - width)))
+            start += width
+        latent = torch.stack(latent, dim=1)  # (b, latent heads, m, widest)
+        if latent.shape[1] < n_kv:  # a latent head read by several key heads
+            latent = (latent.expand(b, n_kv, m, widest) if latent.shape[1] == 1
+                      else latent.repeat_interleave(n_kv // latent.shape[1], dim=1))
+        expanded = torch.matmul(latent, padded.transpose(1, 2))  # (b, n_kv, m, d_h)
+        out = _grouped_attention(query.transpose(1, 2), expanded, value, mask, causal,
+                                 scaling, dropout)
+        return out.transpose(1, 2).reshape(b, query.shape[1], -1)
+
     def _fused(self, query, keys, value, mask, causal, scaling, dropout):
         """The attention of several queries by one ``scaled_dot_product_attention`` call,
         every kept query and key zero-padded to the values' width ``d_h`` (the logits
@@ -267,16 +314,22 @@ class KeptChannels(nn.Module):
         if k.shape[1] < n_v:  # a latent key head read by several value heads: each its copy
             k = (k.expand(b, n_v, *k.shape[2:]) if k.shape[1] == 1
                  else k.repeat_interleave(n_v // k.shape[1], dim=1))
-        # query heads in groups over the value heads: torch's grouped-query attention where
-        # it takes them (no mask, as transformers asks it), else each value head repeated
-        gqa = q.shape[1] > n_v and mask is None and _SDPA_GROUPS
-        if q.shape[1] > n_v and not gqa:
-            k = k.repeat_interleave(q.shape[1] // n_v, dim=1)
-            value = value.repeat_interleave(q.shape[1] // n_v, dim=1)
-        out = nn.functional.scaled_dot_product_attention(
-            q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-            **({"enable_gqa": True} if gqa else {}))
+        out = _grouped_attention(q, k, value, mask, causal, scaling, dropout)
         return out[..., :d_v].transpose(1, 2).reshape(b, n, -1)
+
+
+def _grouped_attention(q, k, value, mask, causal, scaling, dropout):
+    """``scaled_dot_product_attention`` of query heads ``(b, n_heads, n, d)`` in groups over
+    key and value heads ``(b, n_v, m, d)``: torch's grouped-query attention where it takes
+    them (no mask, as transformers asks it), else each key and value head repeated."""
+    n_v = value.shape[1]
+    gqa = q.shape[1] > n_v and mask is None and _SDPA_GROUPS
+    if q.shape[1] > n_v and not gqa:
+        k = k.repeat_interleave(q.shape[1] // n_v, dim=1)
+        value = value.repeat_interleave(q.shape[1] // n_v, dim=1)
+    return nn.functional.scaled_dot_product_attention(
+        q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        **({"enable_gqa": True} if gqa else {}))
 
 
 def _masking(n, keys, value, attention_mask, is_causal):
@@ -332,15 +385,17 @@ def _causal(module, kwargs):
     return kwargs.get("is_causal", getattr(module, "is_causal", True))
 
 
-def _attended(module, query, key, value, attention_mask, cache, kwargs):
+def _attended(module, query, key, value, attention_mask, cache, kwargs, query_map=None):
     """A rotary block's output and weights from its kept (or latent) queries and keys: the
     keys and values through the cache, the kept attention (the logits capped when a
-    ``softcap`` comes through the keywords), the output projection."""
+    ``softcap`` comes through the keywords; ``query_map`` as :meth:`KeptChannels.attention`
+    takes it), the output projection."""
     key, value = _cached(cache, key, value, module.layer_idx, kwargs)
     out, weights = module.kept.attention(
         query, key, value, attention_mask, module.scaling,
         0.0 if not module.training else module.attention_dropout, module.training,
-        is_causal=_causal(module, kwargs), softcap=kwargs.get("softcap"))
+        is_causal=_causal(module, kwargs), softcap=kwargs.get("softcap"),
+        query_map=query_map)
     return module.o_proj(out), weights
 
 
@@ -442,8 +497,10 @@ def latent_attention(stock):
     and ``k_norm``) with latent keys: the stock projections, norms and rotation, then each latent
     key head's ``key_map`` rows (on its share of the key heads) and each key head's
     ``query_map`` rows on its query heads, so that only the latent channels enter the logits
-    and the cache. A ``softcap`` passed through the keywords caps the logits as the stock
-    eager attention does."""
+    and the cache. A prompt pass expands the latent keys by the query maps instead, back to
+    each key head's ``d_h`` channels (:meth:`KeptChannels._expanded`: fewer products under
+    grouped keys, and no padding for a latent wider than a head). A ``softcap`` passed
+    through the keywords caps the logits as the stock eager attention does."""
 
     class LatentKeyAttention(stock):
         def __init__(self, config, layer_idx):
@@ -467,12 +524,11 @@ def latent_attention(stock):
             cache = past_key_values if cache is None else cache
             query, key, value = _whole_heads(self, hidden_states)
             cos, signed = _rotation_tables(*position_embeddings)
-            query = self.kept.project(_rotated(query, cos, signed), self.query_map, "q",
-                                      self.group)
             key = _rotated(key, cos, signed)
             key = key.reshape(*key.shape[:2], self.latent_heads, -1)  # a share side by side
             key = self.kept.project(key, self.key_map, "k")[:, None]
-            return _attended(self, query, key, value, attention_mask, cache, kwargs)
+            return _attended(self, _rotated(query, cos, signed), key, value, attention_mask,
+                             cache, kwargs, query_map=(self.query_map, self.group))
 
     return LatentKeyAttention
 
