@@ -158,6 +158,21 @@ def test_the_query_map_on_the_keys_is_the_query_map_on_the_queries(kind, shares,
         assert not channels._expands(1, 500, layer.n_kv_heads, head_dim)
 
 
+def test_a_static_cache_is_refused_by_name(word_tokenizer):
+    # transformers' static cache preallocates keys of the values' shape: the kept widths do
+    # not fit it, and the error says which cache to use instead of failing in a copy
+    model = _model("llama")
+    widths = {layer.index: [6, 4] for layer in layers_of(model)[1]}
+    maps = latent_maps(model, widths, TEXTS, tokenizer=word_tokenizer(60), max_length=16)
+    shrunk = shrunk_model(model, latent_channels(model, widths), latent=maps)
+    ids = torch.tensor(PROMPT)
+    with pytest.raises(ValueError, match=r"StaticLayer holds keys and values of one shape"):
+        shrunk.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0,
+                        cache_implementation="static")
+    dynamic = shrunk.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    assert dynamic.shape == (1, len(PROMPT[0]) + 2)
+
+
 def _error(cq, ck, a, b):
     """``E (q^T (I - B^T A) k)^2`` for independent ``q``, ``k`` of second moments ``cq``,
     ``ck``."""

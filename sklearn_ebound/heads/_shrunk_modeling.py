@@ -49,6 +49,13 @@ from torch import nn
 # scaled_dot_product_attention takes grouped query heads (``enable_gqa``) from torch 2.5
 _SDPA_GROUPS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
+try:  # cache layers of preallocated keys and values of one shape
+    from transformers.cache_utils import StaticLayer as _StaticLayer
+
+    _STATIC_LAYERS = (_StaticLayer,)
+except ImportError:  # an older transformers: its static caches are not layered
+    _STATIC_LAYERS = ()
+
 
 class KeptChannels(nn.Module):
     """Index tables of one attention layer's kept query and key channels.
@@ -372,11 +379,20 @@ def _kept(config, layer_idx):
 
 
 def _cached(cache, key, value, layer_idx, kwargs):
-    """The layer's key (``(b, 1, m, width)``) and values after ``cache.update``."""
+    """The layer's key (``(b, 1, m, width)``) and values after ``cache.update``; an error for
+    a cache whose layers hold keys and values of one shape (transformers' static caches)."""
     if cache is None:
         return key, value
     if hasattr(cache, "self_attention_cache"):  # an encoder-decoder cache
         cache = cache.self_attention_cache
+    layers = getattr(cache, "layers", None)
+    if layers is not None and layer_idx < len(layers) and isinstance(layers[layer_idx],
+                                                                     _STATIC_LAYERS):
+        raise ValueError(
+            f"This model caches its keys at their kept width ({tuple(key.shape)}) beside "
+            f"values of the stock shape ({tuple(value.shape)}); {type(layers[layer_idx]).__name__}"
+            " holds keys and values of one shape. Use the default dynamic cache (no "
+            "cache_implementation, or a DynamicCache).")
     return cache.update(key, value, layer_idx, kwargs=kwargs)
 
 
