@@ -81,8 +81,27 @@ def tiny_qwen3(vocab):
     return model.eval()
 
 
+def tiny_qwen3_moe(vocab):
+    """Qwen 3's attention before a mixture of experts: three layers, no window."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+        num_experts=4, num_experts_per_tok=2, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, attn_implementation="eager",
+        tie_word_embeddings=False)
+    model = transformers.Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.2, 4.0)
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                parameter.mul_(10.0)
+    return model.eval()
+
+
 TINY = {"gemma3": (tiny_gemma3, _gemma3.Gemma3Family, 1.0),
-        "qwen3": (tiny_qwen3, _qwen3.Qwen3Family, 0.0)}
+        "qwen3": (tiny_qwen3, _qwen3.Qwen3Family, 0.0),
+        "qwen3_moe": (tiny_qwen3_moe, _qwen3.Qwen3Family, 0.0)}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +148,7 @@ def test_qwen3_is_read_with_its_norms_and_windows():
 def test_the_head_model_matches_the_real_head_outputs(normalised, side):
     name, model, _ = normalised
     errors, family = head_model_errors(model, TEXTS, _tokenizer(side))
-    assert family.name == name and errors.shape == (3, 4)
+    assert family.name == name.removesuffix("_moe") and errors.shape == (3, 4)
     assert errors.max() < 2e-6  # a float32 model against the head model in float64
 
 
@@ -188,7 +207,8 @@ def test_ranks_and_curves_are_taken_on_the_normalised_heads(gemma):
         assert curves[..., 0].min() > 1e-3 and np.all(np.isfinite(curves))
 
 
-def test_the_taylor_terms_are_taken_on_the_normalised_queries(normalised):
+@pytest.mark.parametrize("name", ["gemma3", "qwen3"])  # (the experts take no float64)
+def test_the_taylor_terms_are_taken_on_the_normalised_queries(name):
     # The query gradients are read at q_norm's output: summed over the tokens, the trace of
     # ``q^T dL/dq`` of the normalised queries is the derivative of the summed loss along a
     # common scaling of the layer's query gains, ``d/dt L(gains (1 + t))`` at 0.
@@ -196,8 +216,9 @@ def test_the_taylor_terms_are_taken_on_the_normalised_queries(normalised):
 
     from sklearn_ebound.heads import head_sensitivity
 
-    name, model, tokenizer = normalised
-    offset = TINY[name][2]  # gain = offset + weight
+    tokenizer = _tokenizer()
+    make, _, offset = TINY[name]  # gain = offset + weight
+    model = make(len(tokenizer.get_vocab()))
     model = copy.deepcopy(model).double()  # one text per batch: no padding in float64
 
     def sensitivity():

@@ -31,7 +31,8 @@ torch = pytest.importorskip("torch")
 CASES = [("llama", torch.float32, "latent"), ("llama", torch.bfloat16, "latent"),
          ("qwen2", torch.float32, "latent"), ("gemma3", torch.float32, "latent"),
          ("llama", torch.float32, "latent-shared"), ("qwen2", torch.bfloat16, "latent-shared"),
-         ("gemma3", torch.float32, "latent-shared"), ("qwen3", torch.float32, "latent-shared")]
+         ("gemma3", torch.float32, "latent-shared"), ("qwen3", torch.float32, "latent-shared"),
+         ("qwen3_moe", torch.float32, "latent")]
 
 
 def _name(kind, dtype, form):

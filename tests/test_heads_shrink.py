@@ -69,6 +69,12 @@ def _model(kind, dtype=torch.float32):
             use_sliding_window=True, sliding_window=3, max_window_layers=1,
             rope_parameters={"rope_type": "default", "rope_theta": 500.0},
             attn_implementation="eager", tie_word_embeddings=False))
+    elif kind == "qwen3_moe":  # Qwen 3's attention before a mixture of experts
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            vocab_size=60, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
+            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+            attn_implementation="eager", tie_word_embeddings=False))
     elif kind == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=60, n_embd=32, n_head=4, n_layer=2, n_positions=64))

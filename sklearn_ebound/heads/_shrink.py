@@ -56,7 +56,7 @@ _ATTENTION = {"gpt2": ("GPT2Attention", "gpt2_attention"),
               "bert": ("BertSelfAttention", "bert_attention"),
               "llama": (None, "rotary_attention"),
               "gemma3": ("Gemma3Attention", "normalised_attention"),
-              "qwen3": ("Qwen3Attention", "normalised_attention")}
+              "qwen3": (None, "normalised_attention")}  # Qwen3Attention, Qwen3MoeAttention
 
 
 def check_shrinkable(model, *, normalised=False):

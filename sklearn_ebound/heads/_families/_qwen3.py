@@ -11,7 +11,8 @@ token ``x`` is
 ``k = n_K(x W_K[g])`` alike; both are then rotated by the model's one rotary base, and the
 logit is ``R_i q_i . R_j k_j / sqrt(d_h)``. Layers whose ``layer_types`` entry is
 ``"sliding_attention"`` see the last ``sliding_window`` keys only. Causal. Read only for a
-config of ``model_type "qwen3"``, which says the norms are there and how they scale.
+config of ``model_type "qwen3"`` or ``"qwen3_moe"`` (its mixture of experts, the same
+attention), which says the norms are there and how they scale.
 """
 
 from ._base import AttentionFamily, config_window
@@ -21,7 +22,7 @@ from ._llama import LlamaFamily
 
 class Qwen3Family(Gemma3Family):
     name = "qwen3"
-    model_types = ("qwen3",)
+    model_types = ("qwen3", "qwen3_moe")  # the mixture of experts: the same attention
     gain_offset = 0.0
     title, needs = "Qwen 3", "norms' epsilon and the sliding windows"
 
