@@ -51,7 +51,7 @@ class Gemma3Family(LlamaFamily):
                              f"{self.needs}); pass the model.")
         layer = super().read(state, prefix, i, n_heads, n_kv_heads, config)
         block = self.attention_block(prefix, i)
-        # Gemma3RMSNorm: x / rms(x) * (1 + weight), one weight for all heads of the layer
+        # x / rms(x) * (offset + weight) (Gemma3RMSNorm: 1 + weight), one for all the heads
         offset = self.gain_offset
         layer.q_gain = np.tile(offset + get(state, block + "q_norm.weight"), (n_heads, 1))
         layer.k_gain = np.tile(offset + get(state, block + "k_norm.weight"), (n_kv_heads, 1))
