@@ -289,10 +289,8 @@ class KeptChannels(nn.Module):
         for width in self.k_width:  # each latent head's entries, zero-padded alike
             latent.append(nn.functional.pad(keys[..., start:start + width], (0, widest - width)))
             start += width
-        latent = torch.stack(latent, dim=1)  # (b, latent heads, m, widest)
-        if latent.shape[1] < n_kv:  # a latent head read by several key heads
-            latent = (latent.expand(b, n_kv, m, widest) if latent.shape[1] == 1
-                      else latent.repeat_interleave(n_kv // latent.shape[1], dim=1))
+        # (b, latent heads, m, widest), a latent head for each key head reading it
+        latent = _spread_heads(torch.stack(latent, dim=1), n_kv)
         expanded = torch.matmul(latent, padded.transpose(1, 2))  # (b, n_kv, m, d_h)
         out = _grouped_attention(query.transpose(1, 2), expanded, value, mask, causal,
                                  scaling, dropout)
@@ -317,10 +315,7 @@ class KeptChannels(nn.Module):
         k = torch.stack(k, dim=1)
         if d_h > d_v:
             value = nn.functional.pad(value, (0, d_h - d_v))
-        n_v = value.shape[1]
-        if k.shape[1] < n_v:  # a latent key head read by several value heads: each its copy
-            k = (k.expand(b, n_v, *k.shape[2:]) if k.shape[1] == 1
-                 else k.repeat_interleave(n_v // k.shape[1], dim=1))
+        k = _spread_heads(k, value.shape[1])  # a latent key head read by several value heads
         out = _grouped_attention(q, k, value, mask, causal, scaling, dropout)
         return out[..., :d_v].transpose(1, 2).reshape(b, n, -1)
 
@@ -329,14 +324,22 @@ def _grouped_attention(q, k, value, mask, causal, scaling, dropout):
     """``scaled_dot_product_attention`` of query heads ``(b, n_heads, n, d)`` in groups over
     key and value heads ``(b, n_v, m, d)``: torch's grouped-query attention where it takes
     them (no mask, as transformers asks it), else each key and value head repeated."""
-    n_v = value.shape[1]
-    gqa = q.shape[1] > n_v and mask is None and _SDPA_GROUPS
-    if q.shape[1] > n_v and not gqa:
-        k = k.repeat_interleave(q.shape[1] // n_v, dim=1)
-        value = value.repeat_interleave(q.shape[1] // n_v, dim=1)
+    gqa = q.shape[1] > value.shape[1] and mask is None and _SDPA_GROUPS
+    if not gqa:
+        k, value = _spread_heads(k, q.shape[1]), _spread_heads(value, q.shape[1])
     return nn.functional.scaled_dot_product_attention(
         q, k, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=causal,
         **({"enable_gqa": True} if gqa else {}))
+
+
+def _spread_heads(x, n):
+    """``x`` (``(b, heads, m, w)``) for ``n`` heads that read its heads in equal shares, in
+    order: ``x`` itself, a view of its one head, or each head repeated."""
+    if x.shape[1] == n:
+        return x
+    if x.shape[1] == 1:
+        return x.expand(x.shape[0], n, *x.shape[2:])
+    return x.repeat_interleave(n // x.shape[1], dim=1)
 
 
 def _masking(n, keys, value, attention_mask, is_causal):
